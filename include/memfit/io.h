@@ -1,0 +1,81 @@
+/* memfit io: safetensors files and atomic file writes.
+ *
+ * Owns: a parsed safetensors header (heap) and a read-only map of the file.
+ * Promises: a header is validated completely (JSON syntax, dtype names,
+ * shapes, offsets inside the data section, no overlaps, sizes matching
+ * dtype x shape) before any tensor is handed out; writers never leave a
+ * partial file at the destination path (temp file, fsync, rename, fsync of
+ * the directory).
+ *
+ * Format (https://huggingface.co/docs/safetensors): u64 little-endian N,
+ * then N bytes of JSON {"name": {"dtype": "F32", "shape": [..],
+ * "data_offsets": [begin, end]}, ..., "__metadata__": {"k": "v"}}, then the
+ * data section; offsets are relative to the data section.
+ */
+#ifndef MEMFIT_IO_H
+#define MEMFIT_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "memfit/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    char *name;
+    mf_dtype dtype;
+    int ndim;
+    int64_t shape[MF_MAX_DIMS];
+    const void *data;   /* points into the map */
+    size_t nbytes;
+} mf_st_tensor;
+
+typedef struct {
+    mf_st_tensor *tensors;
+    int n;
+    char **meta_keys, **meta_vals; /* __metadata__ (string -> string) */
+    int n_meta;
+    void *map;
+    size_t map_size;
+} mf_st_file;
+
+/* Opens and validates; -1 with a message naming the file and the problem. */
+int mf_st_open(mf_st_file *f, const char *path);
+void mf_st_close(mf_st_file *f);
+const mf_st_tensor *mf_st_find(const mf_st_file *f, const char *name);
+const char *mf_st_meta(const mf_st_file *f, const char *key); /* NULL if absent */
+
+/* Writer: describe the tensors, then write everything in one call. Data
+ * pointers must stay valid until mf_st_write returns. */
+typedef struct {
+    const char *name;
+    mf_dtype dtype;
+    int ndim;
+    int64_t shape[MF_MAX_DIMS];
+    const void *data;
+    size_t nbytes;
+} mf_st_entry;
+
+int mf_st_write(const char *path, const mf_st_entry *entries, int n,
+                const char *const *meta_keys, const char *const *meta_vals,
+                int n_meta);
+
+/* Atomic whole-file write helpers: path.tmp.<pid>, fsync, rename, dir fsync. */
+typedef struct {
+    FILE *fp;
+    char *path;
+    char *tmp;
+} mf_atomic_file;
+
+int mf_atomic_open(mf_atomic_file *af, const char *path);
+/* Commits (fsync + rename). On failure the destination is untouched. */
+int mf_atomic_commit(mf_atomic_file *af);
+/* Abandons: removes the temp file. */
+void mf_atomic_abort(mf_atomic_file *af);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

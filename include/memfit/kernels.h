@@ -1,0 +1,85 @@
+/* memfit CPU kernels: one forward/backward pair per layer type, on plain
+ * pointers and sizes (llm.c style). fp32, row-major.
+ *
+ * Owns nothing: every buffer is passed in by the caller (from the arena).
+ * Promises: no allocation; N is the number of rows (B*T); weight matrices are
+ * stored in Hugging Face Conv1D layout (in, out), so y = x @ W + b. Backward
+ * functions ACCUMULATE (+=) into parameter gradients and into the input
+ * gradient where the comment says "accumulates"; otherwise they overwrite.
+ * Kernels run OpenMP-parallel inside and call BLAS for GEMMs.
+ */
+#ifndef MEMFIT_KERNELS_H
+#define MEMFIT_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out (B,T,C) = wte[inp[b,t]] + wpe[t]. inp (B,T); wte (V,C); wpe (maxT,C). */
+void mf_encoder_forward(float *out, const int32_t *inp, const float *wte,
+                        const float *wpe, int B, int T, int C);
+/* dwte, dwpe accumulate. dout (B,T,C). */
+void mf_encoder_backward(float *dwte, float *dwpe, const float *dout,
+                         const int32_t *inp, int B, int T, int C);
+
+/* out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N) saved for backward.
+ * eps = 1e-5 as in GPT-2. */
+void mf_layernorm_forward(float *out, float *mean, float *rstd,
+                          const float *inp, const float *w, const float *b,
+                          int N, int C);
+/* dinp accumulates (+=), dw and db accumulate. */
+void mf_layernorm_backward(float *dinp, float *dw, float *db,
+                           const float *dout, const float *inp, const float *w,
+                           const float *mean, const float *rstd, int N, int C);
+
+/* out (N,OC) = inp (N,C) @ w (C,OC) + bias (OC, may be NULL).
+ * If accumulate != 0, out += inp @ w + bias instead (residual adds). */
+void mf_matmul_forward(float *out, const float *inp, const float *w,
+                       const float *bias, int N, int C, int OC, int accumulate);
+/* dinp (N,C) = dout @ w^T (overwritten; skipped if dinp is NULL);
+ * dw (C,OC) += inp^T @ dout; dbias (OC) += column sums of dout (if non-NULL). */
+void mf_matmul_backward(float *dinp, float *dw, float *dbias,
+                        const float *dout, const float *inp, const float *w,
+                        int N, int C, int OC);
+
+/* Causal multi-head self-attention.
+ * qkv (B,T,3C) holds q | k | v per token, head h uses columns h*hs..(h+1)*hs
+ * of each of the three C-wide parts (hs = C/NH), as in GPT-2's c_attn split.
+ * att (B,NH,T,T): softmax probabilities (row i has entries j <= i; entries
+ * j > i are written as 0). out (B,T,C). Scale 1/sqrt(hs). */
+void mf_attention_forward(float *out, float *att, const float *qkv,
+                          int B, int T, int C, int NH);
+/* dqkv (B,T,3C) overwritten. scratch: at least mf_attention_scratch_floats()
+ * floats, contents undefined on return. */
+void mf_attention_backward(float *dqkv, float *scratch, const float *dout,
+                           const float *qkv, const float *att,
+                           int B, int T, int C, int NH);
+/* Scratch floats the backward needs for `nthreads` OpenMP threads. */
+size_t mf_attention_scratch_floats(int T, int nthreads);
+
+/* GELU, tanh approximation (GPT-2's "gelu_new"). */
+void mf_gelu_forward(float *out, const float *inp, size_t n);
+/* dinp = gelu'(inp) * dout; dinp may alias dout. */
+void mf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+/* Softmax cross-entropy over the first V of Vp logit columns (columns V..Vp-1
+ * are padding and never enter the softmax). logits (N,Vp), targets (N).
+ * Writes each row's loss into losses (N) and returns their sum (double).
+ * If dscale != 0, overwrites logits with d(loss)/d(logits) * dscale, i.e.
+ * (softmax - onehot) * dscale, padding columns set to 0. */
+double mf_crossentropy_forward(float *logits, float *losses,
+                               const int32_t *targets, int N, int V, int Vp,
+                               float dscale);
+
+/* Sum of squares of x (double accumulation). */
+double mf_sumsq(const float *x, size_t n);
+/* x *= s */
+void mf_scale(float *x, float s, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
