@@ -74,6 +74,12 @@ double mf_crossentropy_forward(float *logits, float *losses,
                                const int32_t *targets, int N, int V, int Vp,
                                float dscale);
 
+/* Tied output head. logits (N,Vp) = x (N,C) @ wte^T, wte (Vp,C).
+ * Backward: dx (N,C) overwritten; dwte accumulates. */
+void mf_classifier_forward(float *logits, const float *x, const float *wte, int N, int C, int Vp);
+void mf_classifier_backward(float *dx, float *dwte, const float *dlogits, const float *x,
+                            const float *wte, int N, int C, int Vp);
+
 /* Sum of squares of x (double accumulation). */
 double mf_sumsq(const float *x, size_t n);
 /* x *= s */

@@ -1,0 +1,38 @@
+# memfit: `make` builds build/memfit; `make demo` trains the default model;
+# `make test` runs the whole suite (plain build, then ASan + UBSan build).
+SHELL := /bin/bash
+JOBS ?= $(shell nproc)
+export MEMFIT_CACHE ?= $(HOME)/.cache/memfit
+
+.PHONY: all deps-build deps-test data demo test bench clean
+
+all: build/memfit
+
+build/memfit: deps-build
+	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build build -j $(JOBS)
+
+deps-build:
+	@bash scripts/install_deps.sh build
+
+deps-test:
+	@bash scripts/install_deps.sh test
+
+data:
+	@bash scripts/fetch_data.sh
+
+demo: build/memfit data
+	./build/memfit train --config configs/demo.yaml
+
+test: deps-test data
+	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build build -j $(JOBS)
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMEMFIT_SANITIZE=ON >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+	@bash scripts/run_tests.sh
+
+bench: build/memfit data
+	@bash bench/compare_torch.sh
+
+clean:
+	rm -rf build build-asan

@@ -1,0 +1,77 @@
+/* memfit config: every run setting, its default and its help, in one table.
+ *
+ * Owns: mf_config values (plain struct, no heap). Promises: defaults come
+ * only from the table in src/config/config.c; a value is applied through the
+ * same parser whether it comes from the table, a YAML file or a --key=value
+ * flag; an unknown key or a value out of range is an error naming the key.
+ * Resolution order: defaults, then the YAML file, then command-line flags.
+ */
+#ifndef MEMFIT_CONFIG_H
+#define MEMFIT_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MF_PATH_MAX 1024
+
+typedef struct {
+    /* model */
+    char model[32];           /* preset name */
+    int n_layer, n_embd, n_head, block_size, vocab_size; /* 0 = from preset */
+    char tokenizer[8];        /* gpt2 | bytes | "" (preset's) */
+    /* batch */
+    int batch, seq, grad_accum, steps;
+    /* optimizer */
+    double lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
+    int warmup;
+    char decay_on[8];         /* 2d | all | none */
+    uint64_t seed;
+    /* data */
+    char data[MF_PATH_MAX], val_data[MF_PATH_MAX], tokenizer_dir[MF_PATH_MAX];
+    double val_fraction;
+    int val_every, val_batches;
+    /* sampling */
+    int sample_every, sample_tokens, top_k;
+    double temperature;
+    char prompt[256];
+    /* files */
+    char init[MF_PATH_MAX], out_dir[MF_PATH_MAX], resume[MF_PATH_MAX], metrics[MF_PATH_MAX];
+    int ckpt_every;
+    /* memory and machine */
+    size_t budget;
+    int threads;
+    char blas_coretype[16];
+    int log_every;
+    int progress;             /* -1 auto (terminal), 0 off, 1 on */
+    unsigned char set_by_user[96]; /* per table row: 1 if file or flag set it */
+} mf_config;
+
+/* Fills every field with the table's defaults. */
+void mf_config_defaults(mf_config *c);
+/* Sets one key from text. -1 with "unknown config key 'x'" or
+ * "config key 'batch': expected an integer >= 1, got 'x'" style messages. */
+int mf_config_set(mf_config *c, const char *key, const char *value);
+/* Applies a YAML file: a mapping of key: scalar (comments allowed). */
+int mf_config_load_yaml(mf_config *c, const char *path);
+/* Parses argv: "--config FILE", "--key=value", "--key value" (and
+ * "--flag" for keys whose type is boolean). Non-option words are returned
+ * through positional (up to max_pos). Returns the number of positionals, or
+ * -1 on error. The YAML file (if any) is applied before the flags. */
+int mf_config_parse_args(mf_config *c, int argc, char **argv,
+                         char **positional, int max_pos);
+/* Prints every key with type, default and help. */
+void mf_config_print_help(FILE *f);
+/* Writes the current values as YAML (for checkpoints and logs). */
+int mf_config_to_yaml(const mf_config *c, char *buf, size_t n);
+/* True when the user set the key explicitly (file or flag). */
+int mf_config_was_set(const mf_config *c, const char *key);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

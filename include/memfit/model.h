@@ -1,0 +1,119 @@
+/* memfit model: GPT-2 (learned positions, pre-LayerNorm, causal multi-head
+ * attention, GELU(tanh) MLP of 4C, tied embedding), fp32, with an explicit
+ * forward and backward per layer.
+ *
+ * Owns: the model's rows in the plan (weights, gradients, optimizer state,
+ * activations, scratch, loader buffers) and the buffer ids that point at
+ * them. Promises: every byte the model touches is a plan row, requested
+ * through mf_arena_get in the phase its row declares; sizes are computed
+ * only in mf_model_plan. Weight matrices use Hugging Face's Conv1D (in, out)
+ * layout; the vocabulary is padded to a multiple of 64 rows (Vp) and padding
+ * never enters the loss.
+ */
+#ifndef MEMFIT_MODEL_H
+#define MEMFIT_MODEL_H
+
+#include "memfit/config.h"
+#include "memfit/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char *name;
+    int n_layer, n_embd, n_head, block_size, vocab_size;
+    const char *tokenizer;  /* "gpt2" or "bytes" */
+    const char *note;
+} mf_preset;
+
+/* The preset table; *n receives its length. */
+const mf_preset *mf_model_presets(int *n);
+
+typedef struct {
+    int L, C, NH, maxT, V, Vp;
+    char tokenizer[8];
+} mf_dims;
+
+/* Preset named by cfg->model, then the explicit n_layer/... overrides;
+ * validates (n_head divides n_embd, seq <= block_size, ...). */
+int mf_model_dims(const mf_config *cfg, mf_dims *d);
+/* Parameters as Hugging Face counts them (unpadded vocabulary). */
+int64_t mf_model_n_params(const mf_dims *d);
+
+typedef enum { MF_MODE_TRAIN, MF_MODE_INFER } mf_mode;
+
+#define MF_LAYER_TENSORS 12
+
+typedef struct {
+    char name[48];      /* Hugging Face GPT-2 name, e.g. h.3.attn.c_attn.weight */
+    int ndim;
+    int64_t shape[2];   /* stored shape (wte: Vp rows) */
+    int64_t rows_file;  /* rows in files (wte: V) */
+    int64_t numel;
+    int decay;          /* AdamW weight decay applies */
+    int p, g, m, v;     /* plan ids: param, grad, adam m, adam v (-1 if none) */
+} mf_tensor;
+
+typedef struct {
+    int ln1, ln1_mean, ln1_rstd;  /* (N,C) (N) (N) */
+    int qkv;                      /* (N,3C) */
+    int att;                      /* (B,NH,T,T) softmax probabilities */
+    int atty;                     /* (N,C) attention output before c_proj */
+    int xmid;                     /* (N,C) residual after attention (ln_2 input) */
+    int ln2, ln2_mean, ln2_rstd;  /* (N,C) (N) (N) */
+    int fch, fch_gelu;            /* (N,4C) (N,4C) */
+} mf_layer_acts;
+
+typedef struct {
+    mf_dims d;
+    int B, T;             /* planned micro-batch; forward may run on B'<=B, T'<=T */
+    mf_mode mode;
+    int nthreads;
+    int n_phases;
+    int n_tensors;
+    mf_tensor *tensors;   /* wte, wpe, h.0.* .. h.{L-1}.*, ln_f.weight, ln_f.bias */
+    int inputs, targets;  /* (B,T) int32, category data */
+    int *res;             /* L+1 residual streams (N,C); res[0] = embeddings */
+    mf_layer_acts *acts;  /* L */
+    int lnf, lnf_mean, lnf_rstd, logits, losses;
+    int dres, dln, dbig, dqkv, attn_scratch; /* backward scratch, one layer's worth */
+} mf_model;
+
+/* Phases of one micro-step (lifetimes are ranges of these). */
+int mf_phase_emb_fwd(const mf_model *m);
+int mf_phase_layer_fwd(const mf_model *m, int l);
+int mf_phase_head_fwd(const mf_model *m);
+int mf_phase_head_bwd(const mf_model *m);
+int mf_phase_layer_bwd(const mf_model *m, int l);
+int mf_phase_emb_bwd(const mf_model *m);
+int mf_phase_optim(const mf_model *m);
+const char *mf_phase_name(const mf_model *m, int ph, char *buf, size_t n);
+
+/* Declares every row of the model in `plan` (which must have been
+ * initialised with mf_model_n_phases). */
+int mf_model_n_phases(const mf_dims *d, mf_mode mode);
+int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
+                  mf_mode mode, int nthreads);
+void mf_model_free(mf_model *m);
+
+/* GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
+ * biases 0, LayerNorm weights 1; optimizer state and gradients zero. */
+void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed);
+
+/* Forward on the first B x T of the planned batch (inputs/targets already
+ * in the arena). Returns the mean loss over B*T positions. If dscale != 0
+ * (training), the head also leaves d(loss)/d(logits) * dscale in the
+ * logits buffer for mf_model_backward. If targets is 0, no loss is
+ * computed (sampling) and 0 is returned. */
+double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets, float dscale);
+/* Backward of the last forward; accumulates into the gradients. */
+void mf_model_backward(mf_model *m, mf_arena *a, int B, int T);
+/* Logits row of (b, t) after a forward (valid until the next phase change). */
+const float *mf_model_logits(mf_model *m, mf_arena *a, int T, int b, int t);
+void mf_model_zero_grads(mf_model *m, mf_arena *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,86 @@
+/* memfit train: the training driver that ties config, plan, arena, model,
+ * data, optimizer and checkpoints together.
+ *
+ * Owns: the plan, the arena, the ledger, the open token files, the
+ * tokenizer and small fixed heap buffers allocated once at start-up
+ * (sampling context). Promises: after mf_trainer_init returns, a training
+ * step allocates nothing; the process baseline RSS is measured before the
+ * arena is mapped; a plan over the budget is refused before any allocation
+ * of the arena; checkpoints are written atomically and resuming from one
+ * continues bit-identically.
+ */
+#ifndef MEMFIT_TRAIN_H
+#define MEMFIT_TRAIN_H
+
+#include <stdio.h>
+#include "memfit/config.h"
+#include "memfit/core.h"
+#include "memfit/data.h"
+#include "memfit/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* $MEMFIT_CACHE, else $HOME/.cache/memfit. */
+const char *mf_cache_dir(char *buf, size_t n);
+/* Sets OpenMP's and OpenBLAS's thread counts (0 = all cores); returns it. */
+int mf_threads_setup(int threads);
+/* Runs GEMMs shaped like the model's largest (rows x cols, inner depth) so
+ * the BLAS library's packing buffers exist before the baseline is read. */
+void mf_blas_warmup(int rows, int cols, int inner);
+
+/* Tokenizes a text file into a token file (atomic write). */
+int mf_tokenize_file(const mf_tokenizer *tok, const char *text_path, const char *out_path);
+
+/* The plan a config implies, without data or arena (memfit estimate). */
+int mf_train_plan(const mf_config *cfg, mf_mode mode, int nthreads,
+                  mf_dims *d, mf_plan *plan, mf_model *model);
+
+typedef struct {
+    mf_config cfg;
+    mf_dims d;
+    mf_mode mode;         /* MF_MODE_INFER for eval and sampling */
+    int B, T, nthreads;
+    mf_plan plan;
+    mf_model model;
+    mf_ledger ledger;
+    mf_arena arena;
+    mf_tokenizer *tok;
+    mf_tokfile train_file, val_file;
+    int own_val_file;
+    uint64_t train_lo, train_hi, val_lo, val_hi; /* id ranges [lo, hi) */
+    int n_val_batches;
+    uint64_t data_pos;    /* next training window, relative to train_lo */
+    int step;             /* optimizer steps done */
+    mf_rng rng;
+    int32_t *sample_ctx;  /* T ids */
+    float *sample_probs;  /* V floats */
+    int *sample_idx;      /* top_k ids */
+} mf_trainer;
+
+typedef struct {
+    double loss, lr, grad_norm, seconds, tok_s;
+} mf_step_stats;
+
+int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode);
+void mf_trainer_free(mf_trainer *t);
+/* One optimizer step (grad_accum micro-batches). */
+int mf_trainer_step(mf_trainer *t, mf_step_stats *st);
+/* Mean loss over the validation batches (forward only). */
+double mf_trainer_val_loss(mf_trainer *t);
+/* Loads the next training window into the arena's loader buffers. */
+void mf_trainer_load_batch(mf_trainer *t);
+/* Generates n tokens after `prompt` and writes the text to out. */
+int mf_trainer_sample(mf_trainer *t, const char *prompt, int n, FILE *out);
+
+int mf_trainer_save_checkpoint(const mf_trainer *t, const char *path);
+int mf_trainer_load_checkpoint(mf_trainer *t, const char *path);
+/* Weights only, Hugging Face GPT-2 names (unpadded vocabulary). */
+int mf_trainer_save_weights(const mf_trainer *t, const char *path);
+int mf_trainer_load_weights(mf_trainer *t, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,330 @@
+/* memfit command line: train, estimate, sample, eval, tokenize. */
+#include "memfit/config.h"
+#include "memfit/core.h"
+#include "memfit/data.h"
+#include "memfit/model.h"
+#include "memfit/train.h"
+#include "report.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_POS 8
+
+static int die(const char *what) {
+    fprintf(stderr, "memfit: error: %s\n", what);
+    return 1;
+}
+
+/* ---- OpenBLAS kernel choice -------------------------------------------
+ * OpenBLAS reads OPENBLAS_CORETYPE once, when the library loads, before
+ * main runs. To change it we set the variable and re-execute ourselves.
+ * "auto": on a CPU with AVX-512, an inherited setting naming an older core
+ * (e.g. Haswell, which pins the AVX2 kernels at about half the speed) is
+ * dropped so OpenBLAS detects the CPU itself; elsewhere it is kept. "env"
+ * keeps whatever the environment says; any other value is used as is. */
+static const char *arg_value(int argc, char **argv, const char *key) {
+    size_t n = strlen(key);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0) continue;
+        a += 2;
+        size_t k = 0;
+        while (k < n && (a[k] == key[k] || (key[k] == '_' && a[k] == '-'))) k++;
+        if (k != n) continue;
+        if (a[n] == '=') return a + n + 1;
+        if (a[n] == 0 && i + 1 < argc) return argv[i + 1];
+    }
+    return NULL;
+}
+
+static void blas_coretype_setup(int argc, char **argv) {
+    if (getenv("MEMFIT_REEXEC")) return;
+    const char *want = arg_value(argc, argv, "blas_coretype");
+    if (!want) want = getenv("MEMFIT_BLAS_CORETYPE");
+    if (!want) want = "auto";
+    const char *cur = getenv("OPENBLAS_CORETYPE");
+    int change = 0;
+    if (strcmp(want, "env") == 0) return;
+    if (strcmp(want, "auto") == 0) {
+        __builtin_cpu_init();
+        int avx512 = __builtin_cpu_supports("avx512f");
+        static const char *const modern[] = {"SkylakeX", "Cooperlake", "SapphireRapids", "Zen", NULL};
+        int keep = !cur;
+        for (int i = 0; cur && modern[i]; i++) keep |= strcasecmp(cur, modern[i]) == 0 && i < 3;
+        if (avx512 && !keep) { unsetenv("OPENBLAS_CORETYPE"); change = 1; }
+    } else if (!cur || strcmp(cur, want) != 0) {
+        setenv("OPENBLAS_CORETYPE", want, 1);
+        change = 1;
+    }
+    if (!change) return;
+    setenv("MEMFIT_REEXEC", "1", 1);
+    execv("/proc/self/exe", argv);
+    /* if re-exec fails we carry on with the kernels we have */
+}
+
+/* ---- commands ---------------------------------------------------------- */
+
+static int parse(mf_config *cfg, int argc, char **argv, char **pos, int *npos) {
+    mf_config_defaults(cfg);
+    int n = mf_config_parse_args(cfg, argc, argv, pos, MAX_POS);
+    if (n < 0) return -1;
+    *npos = n;
+    return 0;
+}
+
+static int wants_help(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return 1;
+    return 0;
+}
+
+static int mkdir_p(const char *dir) {
+    char tmp[MF_PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) && errno != EEXIST) return mf_fail("cannot create %s: %s", tmp, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(tmp, 0755) && errno != EEXIST) return mf_fail("cannot create %s: %s", tmp, strerror(errno));
+    return 0;
+}
+
+static void usage_train(FILE *f) {
+    fprintf(f, "usage: memfit train [--config FILE.yaml] [--key=value ...]\n"
+               "  Trains a GPT-2 model inside its memory plan and ends with the memory report.\n"
+               "  Shorthand: --model PRESET --batch B --seq T --steps N --budget SIZE.\n"
+               "  Example: memfit train --model gpt2-124m --batch 4 --seq 256 --steps 3\n\n");
+    mf_config_print_help(f);
+    mf_report_presets(f);
+}
+
+static int cmd_train(int argc, char **argv) {
+    if (wants_help(argc, argv)) { usage_train(stdout); return 0; }
+    mf_config cfg;
+    char *pos[MAX_POS];
+    int npos;
+    if (parse(&cfg, argc, argv, pos, &npos)) return die(mf_error());
+    if (npos) { mf_fail("train takes no positional arguments ('%s')", pos[0]); return die(mf_error()); }
+    if (cfg.out_dir[0] && mkdir_p(cfg.out_dir)) return die(mf_error());
+    FILE *metrics = NULL;
+    if (cfg.metrics[0] && !(metrics = fopen(cfg.metrics, cfg.resume[0] ? "a" : "w"))) {
+        mf_fail("cannot open metrics file %s: %s", cfg.metrics, strerror(errno));
+        return die(mf_error());
+    }
+    mf_trainer t;
+    if (mf_trainer_init(&t, &cfg, MF_MODE_TRAIN)) { if (metrics) fclose(metrics); return die(mf_error()); }
+    mf_report_header(stdout, &t);
+    int progress = cfg.progress < 0 ? isatty(1) : cfg.progress;
+    int rc = 0;
+    double val = NAN, first_val = NAN;
+    if (t.step == 0 && cfg.steps > 0) {
+        first_val = mf_trainer_val_loss(&t);
+        if (!isnan(first_val)) printf("val loss before training: %.4f\n", first_val);
+    }
+    char ckpt[MF_PATH_MAX + 64];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", cfg.out_dir);
+    while (t.step < cfg.steps) {
+        mf_step_stats st;
+        if (mf_trainer_step(&t, &st)) { rc = die(mf_error()); break; }
+        int last = t.step == cfg.steps;
+        val = NAN;
+        if ((cfg.val_every && t.step % cfg.val_every == 0) || last) val = mf_trainer_val_loss(&t);
+        mf_report_step(stdout, &t, &st, val, progress, metrics);
+        if (cfg.sample_every && t.step % cfg.sample_every == 0 && !last && cfg.sample_tokens > 0) {
+            printf("--- sample at step %d ---\n", t.step);
+            if (mf_trainer_sample(&t, cfg.prompt, cfg.sample_tokens, stdout)) { rc = die(mf_error()); break; }
+        }
+        if (cfg.out_dir[0] && ((cfg.ckpt_every && t.step % cfg.ckpt_every == 0) || last)) {
+            if (mf_trainer_save_checkpoint(&t, ckpt)) { rc = die(mf_error()); break; }
+        }
+    }
+    if (progress) printf("\n");
+    if (!rc && cfg.out_dir[0]) {
+        char model[MF_PATH_MAX + 64];
+        snprintf(model, sizeof model, "%s/model.safetensors", cfg.out_dir);
+        if (mf_trainer_save_weights(&t, model)) rc = die(mf_error());
+        else printf("wrote %s and %s\n", ckpt, model);
+    }
+    if (!rc && cfg.sample_tokens > 0 && t.tok) {
+        printf("--- sample ---\n");
+        if (mf_trainer_sample(&t, cfg.prompt, cfg.sample_tokens, stdout)) rc = die(mf_error());
+    }
+    if (!rc) mf_report_memory(stdout, &t);
+    if (metrics) fclose(metrics);
+    mf_trainer_free(&t);
+    return rc;
+}
+
+static int cmd_estimate(int argc, char **argv) {
+    int json = 0;
+    char *args[256];
+    int n = 0;
+    for (int i = 0; i < argc && n < 255; i++) {
+        if (strcmp(argv[i], "--json") == 0) json = 1;
+        else args[n++] = argv[i];
+    }
+    if (wants_help(n, args)) {
+        printf("usage: memfit estimate [--json] [same keys as train]\n"
+               "  Prints the memory plan per category and per layer without allocating it.\n"
+               "  Example: memfit estimate --model gpt2-124m --batch 4 --seq 256\n\n");
+        mf_config_print_help(stdout);
+        mf_report_presets(stdout);
+        return 0;
+    }
+    mf_config cfg;
+    char *pos[MAX_POS];
+    int npos;
+    if (parse(&cfg, n, args, pos, &npos)) return die(mf_error());
+    if (npos) { mf_fail("estimate takes no positional arguments ('%s')", pos[0]); return die(mf_error()); }
+    int nthreads = mf_threads_setup(cfg.threads);
+    mf_dims d;
+    mf_plan plan;
+    mf_model model;
+    if (mf_train_plan(&cfg, MF_MODE_TRAIN, nthreads, &d, &plan, &model)) return die(mf_error());
+    /* the runtime outside the arena, measured as train measures it */
+    mf_blas_warmup(model.B * model.T, d.Vp > 4 * d.C ? d.Vp : 4 * d.C, d.C);
+    size_t runtime = mf_rss_current();
+    if (json) mf_report_estimate_json(stdout, &cfg, &d, &plan, &model, runtime);
+    else mf_report_estimate(stdout, &cfg, &d, &plan, &model, runtime);
+    int rc = 0;
+    if (mf_plan_check_budget(&plan, runtime, cfg.budget)) rc = die(mf_error());
+    mf_model_free(&model);
+    mf_plan_free(&plan);
+    return rc;
+}
+
+static int cmd_infer(int argc, char **argv, int sample) {
+    if (wants_help(argc, argv)) {
+        if (sample) printf("usage: memfit sample --init MODEL.safetensors [--model PRESET] [--prompt TEXT] [--sample_tokens N]\n"
+                           "       [--temperature X] [--top_k K] [--seed S]\n  Generates text from trained weights.\n\n");
+        else printf("usage: memfit eval --init MODEL.safetensors [--model PRESET] [--data FILE.tok | --val_data FILE.tok]\n"
+                    "  Prints the mean loss over the validation batches.\n\n");
+        mf_config_print_help(stdout);
+        return 0;
+    }
+    mf_config cfg;
+    char *pos[MAX_POS];
+    int npos;
+    if (parse(&cfg, argc, argv, pos, &npos)) return die(mf_error());
+    if (npos) { mf_fail("unexpected argument '%s'", pos[0]); return die(mf_error()); }
+    if (!cfg.init[0] && !cfg.resume[0]) { mf_fail("give the weights with --init FILE.safetensors (or --resume CHECKPOINT)"); return die(mf_error()); }
+    if (sample) {
+        if (!mf_config_was_set(&cfg, "batch")) cfg.batch = 1;
+        if (!mf_config_was_set(&cfg, "sample_tokens")) cfg.sample_tokens = 200;
+    } else cfg.sample_tokens = 0;
+    mf_trainer t;
+    if (mf_trainer_init(&t, &cfg, MF_MODE_INFER)) return die(mf_error());
+    int rc = 0;
+    if (sample) {
+        if (mf_trainer_sample(&t, cfg.prompt, cfg.sample_tokens, stdout)) rc = die(mf_error());
+    } else {
+        double v = mf_trainer_val_loss(&t);
+        if (isnan(v)) rc = die("validation data is shorter than one batch");
+        else printf("val loss %.6f over %d batches of %d x %d\n", v, t.n_val_batches, t.B, t.T);
+    }
+    mf_trainer_free(&t);
+    return rc;
+}
+
+static void print_id(int32_t id, void *ctx) {
+    int *first = ctx;
+    printf(*first ? "%d" : " %d", id);
+    *first = 0;
+}
+
+static int cmd_tokenize(int argc, char **argv) {
+    int encode = 0;
+    char *args[256];
+    int n = 0;
+    for (int i = 0; i < argc && n < 255; i++) {
+        if (strcmp(argv[i], "--encode") == 0) encode = 1;
+        else args[n++] = argv[i];
+    }
+    if (wants_help(n, args)) {
+        printf("usage: memfit tokenize [--tokenizer gpt2|bytes] INPUT.txt OUTPUT.tok\n"
+               "       memfit tokenize --encode [--tokenizer gpt2|bytes] < text   (prints ids)\n"
+               "  The GPT-2 files come from tokenizer_dir (default $MEMFIT_CACHE/gpt2).\n");
+        return 0;
+    }
+    mf_config cfg;
+    char *pos[MAX_POS];
+    int npos;
+    if (parse(&cfg, n, args, pos, &npos)) return die(mf_error());
+    if (encode ? npos != 0 : npos != 2) {
+        mf_fail(encode ? "tokenize --encode reads stdin and takes no file arguments"
+                       : "tokenize needs INPUT.txt and OUTPUT.tok (see memfit tokenize --help)");
+        return die(mf_error());
+    }
+    mf_tokenizer *tok;
+    if (strcmp(cfg.tokenizer, "bytes") == 0) tok = mf_tokenizer_bytes();
+    else {
+        char dir[MF_PATH_MAX], cache[MF_PATH_MAX], enc[MF_PATH_MAX + 32], bpe[MF_PATH_MAX + 32];
+        if (cfg.tokenizer_dir[0]) snprintf(dir, sizeof dir, "%s", cfg.tokenizer_dir);
+        else snprintf(dir, sizeof dir, "%s/gpt2", mf_cache_dir(cache, sizeof cache));
+        snprintf(enc, sizeof enc, "%s/encoder.json", dir);
+        snprintf(bpe, sizeof bpe, "%s/vocab.bpe", dir);
+        tok = mf_tokenizer_gpt2(enc, bpe);
+        if (!tok) return die(mf_error());
+    }
+    int rc = 0;
+    if (encode) {
+        size_t cap = 1 << 16, len = 0;
+        char *buf = malloc(cap);
+        size_t r;
+        while (buf && (r = fread(buf + len, 1, cap - len, stdin)) > 0) {
+            len += r;
+            if (len == cap) { char *nb = realloc(buf, cap *= 2); if (!nb) { free(buf); buf = NULL; } else buf = nb; }
+        }
+        if (!buf) rc = die("out of memory reading stdin");
+        else {
+            int first = 1;
+            if (mf_tokenizer_encode(tok, buf, len, print_id, &first)) rc = die(mf_error());
+            else printf("\n");
+        }
+        free(buf);
+    } else {
+        if (mf_tokenize_file(tok, pos[0], pos[1])) rc = die(mf_error());
+        else {
+            mf_tokfile f;
+            if (mf_tokfile_open(&f, pos[1]) == 0) {
+                printf("wrote %s: %llu tokens (%s tokenizer)\n", pos[1], (unsigned long long)f.n,
+                       f.kind == MF_TOK_GPT2 ? "gpt2" : "bytes");
+                mf_tokfile_close(&f);
+            } else rc = die(mf_error());
+        }
+    }
+    mf_tokenizer_free(tok);
+    return rc;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: memfit <command> [options]\n\n"
+               "commands:\n"
+               "  train      train a model inside its memory plan (memfit train --help lists every key)\n"
+               "  estimate   print the memory plan by category and layer (--json for scripts)\n"
+               "  sample     generate text from weights\n"
+               "  eval       validation loss of weights\n"
+               "  tokenize   text to a token file, or --encode stdin to ids\n");
+}
+
+int main(int argc, char **argv) {
+    blas_coretype_setup(argc, argv);
+    if (argc < 2) { usage(stderr); return 2; }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
+    if (strcmp(cmd, "estimate") == 0) return cmd_estimate(argc - 2, argv + 2);
+    if (strcmp(cmd, "sample") == 0) return cmd_infer(argc - 2, argv + 2, 1);
+    if (strcmp(cmd, "eval") == 0) return cmd_infer(argc - 2, argv + 2, 0);
+    if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) { usage(stdout); return 0; }
+    fprintf(stderr, "memfit: error: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,172 @@
+#include "report.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *sz(size_t b, char *buf) { return mf_size_format(b, buf, 32); }
+
+void mf_report_presets(FILE *f) {
+    int n;
+    const mf_preset *p = mf_model_presets(&n);
+    fprintf(f, "\nModel presets:\n");
+    for (int i = 0; i < n; i++) {
+        mf_dims d = {p[i].n_layer, p[i].n_embd, p[i].n_head, p[i].block_size, p[i].vocab_size, 0, ""};
+        fprintf(f, "  %-10s L%-3d C%-5d H%-3d T%-5d vocab %-6d %-6s %.1fM params  %s\n", p[i].name, p[i].n_layer,
+                p[i].n_embd, p[i].n_head, p[i].block_size, p[i].vocab_size, p[i].tokenizer,
+                (double)mf_model_n_params(&d) / 1e6, p[i].note);
+    }
+}
+
+static void print_plan_line(FILE *f, const mf_plan *p, size_t runtime, size_t budget) {
+    char a[32], b[32], c[32];
+    fprintf(f, "plan: arena %s (", sz(p->arena_bytes, a));
+    int first = 1;
+    for (int i = 0; i < MF_CAT_COUNT; i++) {
+        if (!p->peak_cat[i]) continue;
+        fprintf(f, "%s%s %s", first ? "" : ", ", mf_cat_name((mf_cat)i), sz(p->peak_cat[i], a));
+        first = 0;
+    }
+    fprintf(f, ") + runtime %s = %s; budget %s\n", sz(runtime, b), sz(p->arena_bytes + runtime, c),
+            budget ? sz(budget, a) : "none");
+}
+
+void mf_report_header(FILE *f, const mf_trainer *t) {
+    const mf_dims *d = &t->d;
+    fprintf(f, "model %s: %.2fM params (L%d C%d H%d, block %d, vocab %d padded to %d, %s tokenizer)\n",
+            t->cfg.model, (double)mf_model_n_params(d) / 1e6, d->L, d->C, d->NH, d->maxT, d->V, d->Vp, d->tokenizer);
+    fprintf(f, "batch %d x seq %d x accum %d = %d tokens/step, %d threads; train %llu tokens, val %d batches\n",
+            t->B, t->T, t->cfg.grad_accum, t->B * t->T * t->cfg.grad_accum, t->nthreads,
+            (unsigned long long)(t->train_hi - t->train_lo), t->n_val_batches);
+    print_plan_line(f, &t->plan, t->ledger.rss_baseline, t->cfg.budget);
+    fflush(f);
+}
+
+void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, double val,
+                    int progress, FILE *metrics) {
+    char a[32], b[32];
+    size_t rss = mf_rss_peak();
+    int every = t->cfg.log_every;
+    if (progress) {
+        int w = 30, done = (int)((double)t->step / t->cfg.steps * w);
+        fprintf(f, "\r[");
+        for (int i = 0; i < w; i++) fputc(i < done ? '#' : '.', f);
+        fprintf(f, "] %d/%d loss %.4f %.0f tok/s ", t->step, t->cfg.steps, st->loss, st->tok_s);
+        if (!isnan(val)) fprintf(f, "\nstep %5d | val loss %.4f\n", t->step, val);
+    } else if (t->step % every == 0 || t->step == t->cfg.steps || !isnan(val)) {
+        fprintf(f, "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %6.0f tok/s | ledger %s | rss %s",
+                t->step, t->cfg.steps, st->loss, st->lr, st->grad_norm, st->tok_s,
+                sz(t->ledger.peak_total, a), sz(rss, b));
+        if (!isnan(val)) fprintf(f, " | val %.4f", val);
+        fputc('\n', f);
+    }
+    fflush(f);
+    if (metrics) {
+        fprintf(metrics, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tok_s\":%.6g,\"step_s\":%.6g,",
+                t->step, st->loss, st->lr, st->grad_norm, st->tok_s, st->seconds);
+        if (!isnan(val)) fprintf(metrics, "\"val_loss\":%.9g,", val);
+        fprintf(metrics, "\"planned_peak_bytes\":%zu,\"arena_bytes\":%zu,\"ledger_peak_bytes\":%zu,"
+                         "\"rss_baseline_bytes\":%zu,\"rss_peak_bytes\":%zu}\n",
+                t->plan.peak_bytes, t->plan.arena_bytes, t->ledger.peak_total, t->ledger.rss_baseline, rss);
+        fflush(metrics);
+    }
+}
+
+void mf_report_memory(FILE *f, const mf_trainer *t) {
+    char a[32], b[32], c[32];
+    const mf_plan *p = &t->plan;
+    const mf_ledger *l = &t->ledger;
+    fprintf(f, "\nmemory report (bytes at the step's peak, phase '%s')\n",
+            mf_phase_name(&t->model, p->peak_phase, a, sizeof a));
+    fprintf(f, "  %-10s %16s %16s %8s\n", "category", "predicted", "ledger", "match");
+    for (int i = 0; i < MF_CAT_COUNT; i++) {
+        if (!p->peak_cat[i] && !l->at_peak[i]) continue;
+        fprintf(f, "  %-10s %16zu %16zu %8s\n", mf_cat_name((mf_cat)i), p->peak_cat[i], l->at_peak[i],
+                p->peak_cat[i] == l->at_peak[i] ? "exact" : "DIFF");
+    }
+    fprintf(f, "  %-10s %16zu %16zu %8s\n", "total", p->peak_bytes, l->peak_total,
+            p->peak_bytes == l->peak_total ? "exact" : "DIFF");
+    size_t rss = mf_rss_peak(), pred = l->rss_baseline + p->arena_bytes;
+    double diff = 100.0 * ((double)rss - (double)pred) / (double)pred;
+    fprintf(f, "  arena (with reuse) %s; process baseline %s\n", sz(p->arena_bytes, a), sz(l->rss_baseline, b));
+    fprintf(f, "  predicted peak RSS %s, measured peak RSS (VmHWM) %s: %+.2f%%\n", sz(pred, a), sz(rss, c), diff);
+}
+
+static void per_layer(const mf_plan *p, int L, size_t (*out)[MF_CAT_COUNT]) {
+    memset(out, 0, (size_t)(L + 1) * sizeof *out);
+    for (int i = 0; i < p->n; i++) {
+        int l = p->bufs[i].layer;
+        out[l >= 0 && l < L ? l : L][p->bufs[i].cat] += p->bufs[i].bytes;
+    }
+}
+
+static const mf_cat shown[] = {MF_CAT_PARAMS, MF_CAT_GRADS, MF_CAT_OPTIM, MF_CAT_ACTS, MF_CAT_WORK, MF_CAT_DATA};
+static const char *shown_label[] = {"params", "grads", "optimizer", "activations", "scratch", "data"};
+#define NSHOWN 6
+
+void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const mf_plan *p,
+                        const mf_model *m, size_t runtime) {
+    char a[32], b[32];
+    fprintf(f, "model %s: %lld params (L%d C%d H%d, block %d, vocab %d), batch %d x seq %d, fp32 AdamW\n",
+            cfg->model, (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T);
+    fprintf(f, "\n  %-12s %14s %12s   %s\n", "category", "bytes", "", "at the peak (all rows)");
+    size_t tot = 0;
+    for (int k = 0; k < NSHOWN; k++) {
+        mf_cat c = shown[k];
+        fprintf(f, "  %-12s %14zu %12s   (%s)\n", shown_label[k], p->peak_cat[c], sz(p->peak_cat[c], a),
+                sz(p->total_cat[c], b));
+        tot += p->peak_cat[c];
+    }
+    fprintf(f, "  %-12s %14zu %12s\n", "total", p->peak_bytes, sz(p->peak_bytes, a));
+    fprintf(f, "  %-12s %14zu %12s   (lifetimes let buffers share bytes)\n", "arena", p->arena_bytes, sz(p->arena_bytes, a));
+    fprintf(f, "  %-12s %14zu %12s   (measured: this process before the arena)\n", "runtime", runtime, sz(runtime, a));
+    fprintf(f, "  %-12s %14zu %12s\n", "process", p->arena_bytes + runtime, sz(p->arena_bytes + runtime, a));
+    (void)tot;
+    size_t(*rows)[MF_CAT_COUNT] = calloc((size_t)d->L + 1, sizeof *rows);
+    if (!rows) return;
+    per_layer(p, d->L, rows);
+    fprintf(f, "\n  per layer      params      grads  optimizer activations    scratch\n");
+    for (int l = 0; l <= d->L; l++) {
+        char lab[16];
+        if (l < d->L) snprintf(lab, sizeof lab, "h.%d", l);
+        else snprintf(lab, sizeof lab, "other");
+        fprintf(f, "  %-10s", lab);
+        for (int k = 0; k < 5; k++) fprintf(f, " %10s", sz(rows[l][shown[k]], a));
+        fputc('\n', f);
+    }
+    free(rows);
+    fprintf(f, "  (peak at phase '%s')\n", mf_phase_name(m, p->peak_phase, a, sizeof a));
+}
+
+void mf_report_estimate_json(FILE *f, const mf_config *cfg, const mf_dims *d, const mf_plan *p,
+                             const mf_model *m, size_t runtime) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", cfg->model);
+    cJSON_AddNumberToObject(o, "n_params", (double)mf_model_n_params(d));
+    cJSON_AddNumberToObject(o, "batch", m->B);
+    cJSON_AddNumberToObject(o, "seq", m->T);
+    cJSON *bytes = cJSON_AddObjectToObject(o, "bytes");
+    for (int i = 0; i < MF_CAT_COUNT; i++) cJSON_AddNumberToObject(bytes, mf_cat_name((mf_cat)i), (double)p->peak_cat[i]);
+    for (int k = 0; k < NSHOWN; k++) cJSON_AddNumberToObject(o, shown_label[k], (double)p->peak_cat[shown[k]]);
+    cJSON_AddNumberToObject(o, "total", (double)p->peak_bytes);
+    cJSON_AddNumberToObject(o, "arena", (double)p->arena_bytes);
+    cJSON_AddNumberToObject(o, "runtime", (double)runtime);
+    cJSON_AddNumberToObject(o, "process", (double)(p->arena_bytes + runtime));
+    size_t(*rows)[MF_CAT_COUNT] = calloc((size_t)d->L + 1, sizeof *rows);
+    if (rows) {
+        per_layer(p, d->L, rows);
+        cJSON *layers = cJSON_AddArrayToObject(o, "layers");
+        for (int l = 0; l < d->L; l++) {
+            cJSON *x = cJSON_CreateObject();
+            for (int i = 0; i < MF_CAT_COUNT; i++)
+                if (rows[l][i]) cJSON_AddNumberToObject(x, mf_cat_name((mf_cat)i), (double)rows[l][i]);
+            cJSON_AddItemToArray(layers, x);
+        }
+        free(rows);
+    }
+    char *s = cJSON_PrintUnformatted(o);
+    if (s) fprintf(f, "%s\n", s);
+    free(s);
+    cJSON_Delete(o);
+}

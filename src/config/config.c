@@ -1,0 +1,289 @@
+/* The one table of config keys: name, type, where it lives, default, limits
+ * and help. Defaults, parsing, --help and YAML output all read it. */
+#include "memfit/config.h"
+#include "memfit/core.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+typedef enum { T_INT, T_FLOAT, T_STR, T_SIZE, T_U64, T_BOOL } ktype;
+
+typedef struct {
+    const char *key;
+    ktype type;
+    size_t off;
+    size_t len;          /* for strings: capacity */
+    const char *def;
+    double lo, hi;       /* accepted range for numbers */
+    const char *help;
+} key_row;
+
+#define F(field) offsetof(mf_config, field)
+#define S(field) offsetof(mf_config, field), sizeof(((mf_config *)0)->field)
+#define BIG 1e18
+
+static const key_row keys[] = {
+    {"model", T_STR, S(model), "gpt2-10m", 0, 0, "model preset: gpt2-1m, gpt2-10m, gpt2-124m, gpt2-350m (memfit estimate --help lists them)"},
+    {"n_layer", T_INT, F(n_layer), 0, "0", 0, 1024, "transformer blocks (0 = preset's)"},
+    {"n_embd", T_INT, F(n_embd), 0, "0", 0, 65536, "embedding width C (0 = preset's)"},
+    {"n_head", T_INT, F(n_head), 0, "0", 0, 1024, "attention heads; must divide n_embd (0 = preset's)"},
+    {"block_size", T_INT, F(block_size), 0, "0", 0, 1 << 20, "maximum sequence length, rows of wpe (0 = preset's)"},
+    {"vocab_size", T_INT, F(vocab_size), 0, "0", 0, 1 << 24, "vocabulary (0 = the tokenizer's)"},
+    {"tokenizer", T_STR, S(tokenizer), "", 0, 0, "gpt2 or bytes (empty = preset's)"},
+    {"batch", T_INT, F(batch), 0, "8", 1, 1 << 20, "micro-batch size B (sequences per forward/backward)"},
+    {"seq", T_INT, F(seq), 0, "0", 0, 1 << 20, "sequence length T (0 = block_size)"},
+    {"grad_accum", T_INT, F(grad_accum), 0, "1", 1, 1 << 20, "micro-batches per optimizer step (effective batch = batch x grad_accum)"},
+    {"steps", T_INT, F(steps), 0, "300", 0, 1 << 30, "optimizer steps to train"},
+    {"lr", T_FLOAT, F(lr), 0, "1e-3", 0, 10, "peak learning rate"},
+    {"min_lr_frac", T_FLOAT, F(min_lr_frac), 0, "0.1", 0, 1, "cosine decay ends at lr x min_lr_frac"},
+    {"warmup", T_INT, F(warmup), 0, "20", 0, 1 << 30, "linear warm-up steps"},
+    {"weight_decay", T_FLOAT, F(weight_decay), 0, "0.1", 0, 10, "AdamW decoupled weight decay"},
+    {"decay_on", T_STR, S(decay_on), "2d", 0, 0, "tensors that decay: 2d (matrices and embeddings), all, none"},
+    {"beta1", T_FLOAT, F(beta1), 0, "0.9", 0, 0.999999, "AdamW beta1"},
+    {"beta2", T_FLOAT, F(beta2), 0, "0.95", 0, 0.99999999, "AdamW beta2"},
+    {"eps", T_FLOAT, F(eps), 0, "1e-8", 1e-30, 1, "AdamW epsilon"},
+    {"grad_clip", T_FLOAT, F(grad_clip), 0, "1.0", 0, BIG, "global gradient-norm clip (0 = off)"},
+    {"seed", T_U64, F(seed), 0, "1337", 0, 0, "seed for weights, dropout-free sampling and data order"},
+    {"data", T_STR, S(data), "", 0, 0, "training token file (memfit tokenize); empty = the default corpus in the cache"},
+    {"val_data", T_STR, S(val_data), "", 0, 0, "validation token file (empty = the last val_fraction of data)"},
+    {"val_fraction", T_FLOAT, F(val_fraction), 0, "0.1", 0, 0.9, "share of data held out for validation when val_data is empty"},
+    {"val_every", T_INT, F(val_every), 0, "50", 0, 1 << 30, "validate every N steps (0 = only at the end)"},
+    {"val_batches", T_INT, F(val_batches), 0, "8", 1, 1 << 20, "micro-batches per validation"},
+    {"tokenizer_dir", T_STR, S(tokenizer_dir), "", 0, 0, "folder with encoder.json and vocab.bpe (empty = $MEMFIT_CACHE/gpt2)"},
+    {"sample_every", T_INT, F(sample_every), 0, "0", 0, 1 << 30, "print a sample every N steps (0 = only at the end)"},
+    {"sample_tokens", T_INT, F(sample_tokens), 0, "64", 0, 1 << 20, "tokens per sample (0 = no samples)"},
+    {"temperature", T_FLOAT, F(temperature), 0, "0.8", 0, 100, "sampling temperature (0 = greedy)"},
+    {"top_k", T_INT, F(top_k), 0, "40", 0, 1 << 24, "sample from the k most likely tokens (0 = all)"},
+    {"prompt", T_STR, S(prompt), "", 0, 0, "text samples start from (empty = end-of-text / newline)"},
+    {"init", T_STR, S(init), "", 0, 0, "start from these weights (safetensors, Hugging Face GPT-2 names)"},
+    {"out_dir", T_STR, S(out_dir), "", 0, 0, "folder for checkpoints and the final model (empty = none written)"},
+    {"ckpt_every", T_INT, F(ckpt_every), 0, "0", 0, 1 << 30, "write a checkpoint every N steps (0 = only at the end, if out_dir)"},
+    {"resume", T_STR, S(resume), "", 0, 0, "resume from this checkpoint file"},
+    {"metrics", T_STR, S(metrics), "", 0, 0, "write one JSON object per step to this .jsonl file"},
+    {"budget", T_SIZE, F(budget), 0, "0", 0, 0, "memory budget for the whole process, e.g. 2GiB (0 = none)"},
+    {"threads", T_INT, F(threads), 0, "0", 0, 4096, "threads (0 = all cores)"},
+    {"blas_coretype", T_STR, S(blas_coretype), "auto", 0, 0, "OpenBLAS kernels: auto (fastest for this CPU), env (keep OPENBLAS_CORETYPE), or a core name"},
+    {"log_every", T_INT, F(log_every), 0, "1", 1, 1 << 30, "print a log line every N steps"},
+    {"progress", T_INT, F(progress), 0, "-1", -1, 1, "progress bar: -1 when stdout is a terminal, 0 off, 1 on"},
+};
+#define NKEYS ((int)(sizeof keys / sizeof keys[0]))
+
+_Static_assert(sizeof keys / sizeof keys[0] <= sizeof(((mf_config *)0)->set_by_user),
+               "set_by_user too small for the key table");
+
+static const key_row *find_key(const char *k, int *idx) {
+    for (int i = 0; i < NKEYS; i++) {
+        /* accept dashes for underscores: --grad-accum == --grad_accum */
+        const char *a = keys[i].key, *b = k;
+        while (*a && (*a == *b || (*a == '_' && *b == '-'))) a++, b++;
+        if (!*a && !*b) { if (idx) *idx = i; return &keys[i]; }
+    }
+    return NULL;
+}
+
+static int apply(mf_config *c, const key_row *r, const char *v) {
+    char *base = (char *)c + r->off;
+    char *end = NULL;
+    errno = 0;
+    switch (r->type) {
+    case T_INT: case T_BOOL: {
+        long x = strtol(v, &end, 10);
+        if (r->type == T_BOOL && (strcmp(v, "true") == 0 || strcmp(v, "on") == 0)) x = 1, end = (char *)v + strlen(v);
+        if (r->type == T_BOOL && (strcmp(v, "false") == 0 || strcmp(v, "off") == 0)) x = 0, end = (char *)v + strlen(v);
+        if (!*v || *end || errno || x < r->lo || x > r->hi)
+            return mf_fail("config key '%s': expected an integer in [%.0f, %.0f], got '%s'", r->key, r->lo, r->hi, v);
+        *(int *)base = (int)x;
+        return 0;
+    }
+    case T_FLOAT: {
+        double x = strtod(v, &end);
+        if (!*v || *end || errno || !isfinite(x) || x < r->lo || x > r->hi)
+            return mf_fail("config key '%s': expected a number in [%g, %g], got '%s'", r->key, r->lo, r->hi, v);
+        *(double *)base = x;
+        return 0;
+    }
+    case T_U64: {
+        if (*v == '-') return mf_fail("config key '%s': expected a non-negative integer, got '%s'", r->key, v);
+        unsigned long long x = strtoull(v, &end, 10);
+        if (!*v || *end || errno) return mf_fail("config key '%s': expected a non-negative integer, got '%s'", r->key, v);
+        *(uint64_t *)base = (uint64_t)x;
+        return 0;
+    }
+    case T_SIZE: {
+        size_t x;
+        if (mf_size_parse(v, &x)) return mf_fail("config key '%s': %s", r->key, mf_error());
+        *(size_t *)base = x;
+        return 0;
+    }
+    case T_STR:
+        if (strlen(v) >= r->len) return mf_fail("config key '%s': value longer than %zu characters", r->key, r->len - 1);
+        memcpy(base, v, strlen(v) + 1);
+        return 0;
+    }
+    return mf_fail("config key '%s': unknown type", r->key);
+}
+
+void mf_config_defaults(mf_config *c) {
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < NKEYS; i++)
+        if (apply(c, &keys[i], keys[i].def)) mf_panic("bad default for %s: %s", keys[i].key, mf_error());
+}
+
+static int check_enum(const char *key, const char *v, const char *const *allowed) {
+    for (int i = 0; allowed[i]; i++) if (strcmp(v, allowed[i]) == 0) return 0;
+    char list[128] = "";
+    for (int i = 0; allowed[i]; i++) {
+        strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+        strncat(list, *allowed[i] ? allowed[i] : "\"\"", sizeof list - strlen(list) - 1);
+    }
+    return mf_fail("config key '%s': '%s' is not one of %s", key, v, list);
+}
+
+int mf_config_set(mf_config *c, const char *key, const char *value) {
+    int idx;
+    const key_row *r = find_key(key, &idx);
+    if (!r) return mf_fail("unknown config key '%s' (memfit train --help lists them)", key);
+    if (apply(c, r, value)) return -1;
+    static const char *const tok[] = {"", "gpt2", "bytes", NULL};
+    static const char *const decay[] = {"2d", "all", "none", NULL};
+    if (strcmp(r->key, "tokenizer") == 0 && check_enum(r->key, value, tok)) return -1;
+    if (strcmp(r->key, "decay_on") == 0 && check_enum(r->key, value, decay)) return -1;
+    c->set_by_user[idx] = 1;
+    return 0;
+}
+
+int mf_config_was_set(const mf_config *c, const char *key) {
+    int idx;
+    return find_key(key, &idx) ? c->set_by_user[idx] : 0;
+}
+
+int mf_config_load_yaml(mf_config *c, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return mf_fail("cannot open config file %s: %s", path, strerror(errno));
+    yaml_parser_t p;
+    yaml_event_t ev;
+    if (!yaml_parser_initialize(&p)) { fclose(f); return mf_fail("cannot initialise the YAML parser"); }
+    yaml_parser_set_input_file(&p, f);
+    int depth = 0, rc = 0, done = 0;
+    char key[128] = "";
+    int have_key = 0;
+    while (!done) {
+        if (!yaml_parser_parse(&p, &ev)) {
+            rc = mf_fail("config file %s: YAML error at line %zu: %s", path,
+                         p.problem_mark.line + 1, p.problem ? p.problem : "unknown");
+            break;
+        }
+        switch (ev.type) {
+        case YAML_STREAM_END_EVENT: done = 1; break;
+        case YAML_MAPPING_START_EVENT:
+            if (++depth > 1) rc = mf_fail("config file %s: line %zu: nested mappings are not supported (use flat keys)",
+                                          path, ev.start_mark.line + 1);
+            break;
+        case YAML_MAPPING_END_EVENT: depth--; break;
+        case YAML_SEQUENCE_START_EVENT:
+            rc = mf_fail("config file %s: line %zu: lists are not supported", path, ev.start_mark.line + 1);
+            break;
+        case YAML_SCALAR_EVENT:
+            if (depth != 1) { rc = mf_fail("config file %s: expected a mapping of key: value", path); break; }
+            if (!have_key) {
+                snprintf(key, sizeof key, "%s", (const char *)ev.data.scalar.value);
+                have_key = 1;
+            } else {
+                if (mf_config_set(c, key, (const char *)ev.data.scalar.value))
+                    rc = mf_fail("config file %s: line %zu: %s", path, ev.start_mark.line + 1, mf_error());
+                have_key = 0;
+            }
+            break;
+        default: break;
+        }
+        yaml_event_delete(&ev);
+        if (rc) break;
+    }
+    yaml_parser_delete(&p);
+    fclose(f);
+    return rc;
+}
+
+int mf_config_parse_args(mf_config *c, int argc, char **argv, char **positional, int max_pos) {
+    int npos = 0;
+    /* the config file first, so flags override it wherever they appear */
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--config") == 0) {
+            if (i + 1 >= argc) return mf_fail("--config needs a file");
+            if (mf_config_load_yaml(c, argv[i + 1])) return -1;
+        } else if (strncmp(a, "--config=", 9) == 0) {
+            if (mf_config_load_yaml(c, a + 9)) return -1;
+        }
+    }
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--config") == 0) { i++; continue; }
+        if (strncmp(a, "--config=", 9) == 0) continue;
+        if (strncmp(a, "--", 2) != 0 || a[2] == 0) {
+            if (npos >= max_pos) return mf_fail("unexpected argument '%s'", a);
+            positional[npos++] = argv[i];
+            continue;
+        }
+        char key[128];
+        const char *eq = strchr(a + 2, '=');
+        const char *val;
+        size_t klen = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+        if (klen >= sizeof key) return mf_fail("option too long: %s", a);
+        memcpy(key, a + 2, klen);
+        key[klen] = 0;
+        const key_row *r = find_key(key, NULL);
+        if (!r) return mf_fail("unknown option --%s (memfit train --help lists them)", key);
+        if (eq) val = eq + 1;
+        else if (r->type == T_BOOL) val = "1";
+        else {
+            if (i + 1 >= argc) return mf_fail("option --%s needs a value", key);
+            val = argv[++i];
+        }
+        if (mf_config_set(c, key, val)) return -1;
+    }
+    return npos;
+}
+
+static const char *type_name(ktype t) {
+    switch (t) {
+    case T_INT: return "int";
+    case T_FLOAT: return "float";
+    case T_STR: return "text";
+    case T_SIZE: return "size";
+    case T_U64: return "int";
+    case T_BOOL: return "bool";
+    }
+    return "?";
+}
+
+void mf_config_print_help(FILE *f) {
+    fprintf(f, "Config keys (YAML file via --config FILE, or --key=value; flags override the file):\n");
+    for (int i = 0; i < NKEYS; i++)
+        fprintf(f, "  --%-14s %-5s default %-10s %s\n", keys[i].key, type_name(keys[i].type),
+                *keys[i].def ? keys[i].def : "\"\"", keys[i].help);
+    fprintf(f, "Sizes take units: 512MiB, 2GiB, 1.5GB.\n");
+}
+
+int mf_config_to_yaml(const mf_config *c, char *buf, size_t n) {
+    size_t len = 0;
+    for (int i = 0; i < NKEYS; i++) {
+        const key_row *r = &keys[i];
+        const char *base = (const char *)c + r->off;
+        int w = 0;
+        switch (r->type) {
+        case T_INT: case T_BOOL: w = snprintf(buf + len, n - len, "%s: %d\n", r->key, *(const int *)base); break;
+        case T_FLOAT: w = snprintf(buf + len, n - len, "%s: %.17g\n", r->key, *(const double *)base); break;
+        case T_U64: w = snprintf(buf + len, n - len, "%s: %llu\n", r->key, (unsigned long long)*(const uint64_t *)base); break;
+        case T_SIZE: w = snprintf(buf + len, n - len, "%s: %zu\n", r->key, *(const size_t *)base); break;
+        case T_STR: w = snprintf(buf + len, n - len, "%s: \"%s\"\n", r->key, base); break;
+        }
+        if (w < 0 || (size_t)w >= n - len) return mf_fail("config does not fit in %zu bytes", n);
+        len += (size_t)w;
+    }
+    return 0;
+}

@@ -1,0 +1,125 @@
+/* The arena and the ledger.
+ *
+ * The arena is one anonymous mapping, pre-faulted so that resident memory is
+ * the plan from the first step (no page-fault surprises mid-run). The ledger
+ * counts a buffer when the step first asks for its pointer and uncounts it
+ * when its lifetime ends, so "ledger peak == planned peak" checks that the
+ * code uses exactly the buffers the plan declares, when it declares them. */
+#include "memfit/core.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+void mf_ledger_init(mf_ledger *l) { memset(l, 0, sizeof *l); }
+
+void mf_ledger_add(mf_ledger *l, mf_cat c, size_t bytes) {
+    l->cur[c] += bytes;
+    l->cur_total += bytes;
+    if (l->cur[c] > l->peak[c]) l->peak[c] = l->cur[c];
+    if (l->cur_total > l->peak_total) {
+        l->peak_total = l->cur_total;
+        memcpy(l->at_peak, l->cur, sizeof l->cur);
+    }
+}
+
+void mf_ledger_sub(mf_ledger *l, mf_cat c, size_t bytes) {
+    if (l->cur[c] < bytes) mf_panic("ledger: category %s goes negative", mf_cat_name(c));
+    l->cur[c] -= bytes;
+    l->cur_total -= bytes;
+}
+
+static size_t status_field(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0, klen = strlen(key);
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, key, klen) == 0) {
+            kb = strtoull(line + klen, NULL, 10);
+            break;
+        }
+    }
+    fclose(f);
+    return kb * 1024;
+}
+
+size_t mf_rss_current(void) { return status_field("VmRSS:"); }
+size_t mf_rss_peak(void) { return status_field("VmHWM:"); }
+
+#ifdef MEMFIT_POISON
+static const int poison_default = 1;
+#else
+static const int poison_default = 0;
+#endif
+
+int mf_arena_init(mf_arena *a, const mf_plan *plan, mf_ledger *ledger) {
+    memset(a, 0, sizeof *a);
+    a->plan = plan;
+    a->ledger = ledger;
+    a->poison = poison_default;
+    a->size = plan->arena_bytes;
+    a->live = calloc((size_t)(plan->n ? plan->n : 1), 1);
+    if (!a->live) return mf_fail("out of memory for the arena's live table");
+    if (a->size) {
+        void *m = mmap(NULL, a->size, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        if (m == MAP_FAILED) {
+            free(a->live);
+            a->live = NULL;
+            char s[32];
+            return mf_fail("cannot map the %s arena: out of memory", mf_size_format(a->size, s, sizeof s));
+        }
+        a->base = m;
+        if (a->poison) memset(a->base, 0xFF, a->size);  /* NaN: reads before writes show up */
+    }
+    return 0;
+}
+
+void mf_arena_free(mf_arena *a) {
+    if (a->base) munmap(a->base, a->size);
+    free(a->live);
+    memset(a, 0, sizeof *a);
+}
+
+static void release(mf_arena *a, int i) {
+    const mf_buf *b = &a->plan->bufs[i];
+    a->live[i] = 0;
+    mf_ledger_sub(a->ledger, b->cat, b->bytes);
+    if (a->poison) memset(a->base + b->offset, 0xFF, b->bytes);
+}
+
+void mf_arena_phase(mf_arena *a, int ph) {
+    if (ph < 0 || ph >= a->plan->n_phases) mf_panic("arena: phase %d out of range", ph);
+    for (int i = 0; i < a->plan->n; i++)
+        if (a->live[i] && a->plan->bufs[i].last < ph) release(a, i);
+    a->phase = ph;
+}
+
+void mf_arena_step(mf_arena *a) {
+    int last = a->plan->n_phases - 1;
+    for (int i = 0; i < a->plan->n; i++) {
+        const mf_buf *b = &a->plan->bufs[i];
+        if (a->live[i] && !(b->first == 0 && b->last == last)) release(a, i);
+    }
+    a->phase = 0;
+}
+
+void *mf_arena_get(mf_arena *a, int id) {
+    if (id < 0 || id >= a->plan->n) mf_panic("arena: no buffer %d", id);
+    const mf_buf *b = &a->plan->bufs[id];
+    if (a->phase < b->first || a->phase > b->last)
+        mf_panic("arena: buffer %s used in phase %d outside its lifetime [%d, %d]",
+                 b->name, a->phase, b->first, b->last);
+    if (!a->live[id]) {
+        a->live[id] = 1;
+        mf_ledger_add(a->ledger, b->cat, b->bytes);
+    }
+    return a->base + b->offset;
+}
+
+void *mf_arena_ptr(const mf_arena *a, int id) {
+    if (id < 0 || id >= a->plan->n) mf_panic("arena: no buffer %d", id);
+    return a->base + a->plan->bufs[id].offset;
+}

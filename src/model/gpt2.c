@@ -1,0 +1,360 @@
+/* GPT-2: presets, the plan rows, initialisation, forward and backward.
+ *
+ * Phases of a micro-step (lifetimes in the plan are ranges of these):
+ *   0            embedding forward
+ *   1 .. L       layer l forward at 1+l
+ *   L+1          head forward (ln_f, logits, loss, dlogits)
+ *   L+2          head backward
+ *   L+3 .. 2L+2  layer l backward at 2L+2-l (top layer first)
+ *   2L+3         embedding backward
+ *   2L+4         optimizer
+ * Forward-only plans (sampling, evaluation) have phases 0 .. L+1 and keep a
+ * layer's activations only while that layer runs. */
+#include "memfit/model.h"
+#include "memfit/kernels.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const mf_preset presets[] = {
+    {"gpt2-1m", 5, 128, 4, 128, 256, "bytes", "1.0M params, byte-level vocabulary; quick tests and demos"},
+    {"gpt2-10m", 6, 160, 5, 256, 50257, "gpt2", "9.9M params, GPT-2 BPE; the default"},
+    {"gpt2-124m", 12, 768, 12, 1024, 50257, "gpt2", "GPT-2 small (124,439,808 params)"},
+    {"gpt2-350m", 24, 1024, 16, 1024, 50257, "gpt2", "GPT-2 medium (354,823,168 params)"},
+};
+
+const mf_preset *mf_model_presets(int *n) {
+    *n = (int)(sizeof presets / sizeof presets[0]);
+    return presets;
+}
+
+int mf_model_dims(const mf_config *cfg, mf_dims *d) {
+    int np;
+    const mf_preset *ps = mf_model_presets(&np), *p = NULL;
+    for (int i = 0; i < np; i++) if (strcmp(ps[i].name, cfg->model) == 0) p = &ps[i];
+    if (!p) {
+        char list[256] = "";
+        for (int i = 0; i < np; i++) {
+            strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+            strncat(list, ps[i].name, sizeof list - strlen(list) - 1);
+        }
+        return mf_fail("unknown model preset '%s' (presets: %s)", cfg->model, list);
+    }
+    memset(d, 0, sizeof *d);
+    d->L = cfg->n_layer ? cfg->n_layer : p->n_layer;
+    d->C = cfg->n_embd ? cfg->n_embd : p->n_embd;
+    d->NH = cfg->n_head ? cfg->n_head : p->n_head;
+    d->maxT = cfg->block_size ? cfg->block_size : p->block_size;
+    snprintf(d->tokenizer, sizeof d->tokenizer, "%s", cfg->tokenizer[0] ? cfg->tokenizer : p->tokenizer);
+    int tokv = strcmp(d->tokenizer, "bytes") == 0 ? 256 : 50257;
+    /* a tokenizer change without an explicit vocabulary takes the tokenizer's */
+    d->V = cfg->vocab_size ? cfg->vocab_size : (cfg->tokenizer[0] ? tokv : p->vocab_size);
+    if (d->L < 1 || d->C < 1 || d->NH < 1 || d->maxT < 1 || d->V < 2)
+        return mf_fail("model dimensions must be positive (n_layer %d, n_embd %d, n_head %d, block_size %d, vocab %d)",
+                       d->L, d->C, d->NH, d->maxT, d->V);
+    if (d->C % d->NH) return mf_fail("n_head %d does not divide n_embd %d", d->NH, d->C);
+    if (d->V < tokv) return mf_fail("vocab_size %d is smaller than the %s tokenizer's %d", d->V, d->tokenizer, tokv);
+    if (d->V > 65535 + 1) return mf_fail("vocab_size %d too large: token files hold 16-bit ids", d->V);
+    d->Vp = (d->V + 63) / 64 * 64;
+    return 0;
+}
+
+int64_t mf_model_n_params(const mf_dims *d) {
+    int64_t C = d->C;
+    return (int64_t)d->V * C + (int64_t)d->maxT * C + d->L * (12 * C * C + 13 * C) + 2 * C;
+}
+
+int mf_phase_emb_fwd(const mf_model *m) { (void)m; return 0; }
+int mf_phase_layer_fwd(const mf_model *m, int l) { (void)m; return 1 + l; }
+int mf_phase_head_fwd(const mf_model *m) { return m->d.L + 1; }
+int mf_phase_head_bwd(const mf_model *m) { return m->d.L + 2; }
+int mf_phase_layer_bwd(const mf_model *m, int l) { return 2 * m->d.L + 2 - l; }
+int mf_phase_emb_bwd(const mf_model *m) { return 2 * m->d.L + 3; }
+int mf_phase_optim(const mf_model *m) { return 2 * m->d.L + 4; }
+
+int mf_model_n_phases(const mf_dims *d, mf_mode mode) {
+    return mode == MF_MODE_TRAIN ? 2 * d->L + 5 : d->L + 2;
+}
+
+const char *mf_phase_name(const mf_model *m, int ph, char *buf, size_t n) {
+    int L = m->d.L;
+    if (ph == 0) snprintf(buf, n, "embed fwd");
+    else if (ph <= L) snprintf(buf, n, "layer %d fwd", ph - 1);
+    else if (ph == L + 1) snprintf(buf, n, "head fwd");
+    else if (ph == L + 2) snprintf(buf, n, "head bwd");
+    else if (ph <= 2 * L + 2) snprintf(buf, n, "layer %d bwd", 2 * L + 2 - ph);
+    else if (ph == 2 * L + 3) snprintf(buf, n, "embed bwd");
+    else snprintf(buf, n, "optimizer");
+    return buf;
+}
+
+/* ---- plan ------------------------------------------------------------ */
+
+typedef struct {
+    mf_plan *plan;
+    int err;
+} adder;
+
+static int add(adder *ad, const char *name, mf_cat cat, mf_dtype dt, int ndim,
+               int64_t d0, int64_t d1, int64_t d2, int64_t d3, int first, int last, int layer) {
+    if (ad->err) return -1;
+    int64_t shape[4] = {d0, d1, d2, d3};
+    int id = mf_plan_add(ad->plan, name, cat, dt, ndim, shape, first, last, layer);
+    if (id < 0) ad->err = 1;
+    return id;
+}
+
+static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int ndim,
+                       int64_t d0, int64_t d1, int64_t file_rows, int decay_2d) {
+    mf_tensor *t = &m->tensors[m->n_tensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim > 1 ? d1 : 1;
+    t->rows_file = file_rows;
+    t->numel = d0 * (ndim > 1 ? d1 : 1);
+    t->decay = decay_2d;
+    int last = m->n_phases - 1;
+    char nm[64];
+    t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
+    t->g = t->m = t->v = -1;
+    if (m->mode == MF_MODE_TRAIN) {
+        snprintf(nm, sizeof nm, "grad.%s", name);
+        t->g = add(ad, nm, MF_CAT_GRADS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
+        snprintf(nm, sizeof nm, "adam.m.%s", name);
+        t->m = add(ad, nm, MF_CAT_OPTIM, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
+        snprintf(nm, sizeof nm, "adam.v.%s", name);
+        t->v = add(ad, nm, MF_CAT_OPTIM, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
+    }
+}
+
+int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
+                  mf_mode mode, int nthreads) {
+    memset(m, 0, sizeof *m);
+    if (B < 1 || T < 1) return mf_fail("batch and seq must be >= 1 (got %d, %d)", B, T);
+    if (T > d->maxT) return mf_fail("seq %d exceeds the model's block_size %d", T, d->maxT);
+    m->d = *d;
+    m->B = B;
+    m->T = T;
+    m->mode = mode;
+    m->nthreads = nthreads;
+    m->n_phases = mf_model_n_phases(d, mode);
+    if (plan->n_phases != m->n_phases) return mf_fail("plan has %d phases, model needs %d", plan->n_phases, m->n_phases);
+    int L = d->L;
+    int64_t C = d->C, N = (int64_t)B * T, NH = d->NH;
+    m->tensors = calloc((size_t)(2 + L * MF_LAYER_TENSORS + 2), sizeof *m->tensors);
+    m->res = calloc((size_t)L + 1, sizeof *m->res);
+    m->acts = calloc((size_t)L, sizeof *m->acts);
+    if (!m->tensors || !m->res || !m->acts) { mf_model_free(m); return mf_fail("out of memory for the model table"); }
+    adder ad = {plan, 0};
+    int train = mode == MF_MODE_TRAIN, last = m->n_phases - 1;
+
+    /* weights (and in training their gradients and AdamW moments) */
+    add_tensor(m, &ad, "wte.weight", -1, 2, d->Vp, C, d->V, 1);
+    add_tensor(m, &ad, "wpe.weight", -1, 2, d->maxT, C, d->maxT, 1);
+    for (int l = 0; l < L; l++) {
+        char nm[48];
+#define LT(suffix, nd, a0, a1, dec) \
+        snprintf(nm, sizeof nm, "h.%d." suffix, l); add_tensor(m, &ad, nm, l, nd, a0, a1, a0, dec)
+        LT("ln_1.weight", 1, C, 0, 0);
+        LT("ln_1.bias", 1, C, 0, 0);
+        LT("attn.c_attn.weight", 2, C, 3 * C, 1);
+        LT("attn.c_attn.bias", 1, 3 * C, 0, 0);
+        LT("attn.c_proj.weight", 2, C, C, 1);
+        LT("attn.c_proj.bias", 1, C, 0, 0);
+        LT("ln_2.weight", 1, C, 0, 0);
+        LT("ln_2.bias", 1, C, 0, 0);
+        LT("mlp.c_fc.weight", 2, C, 4 * C, 1);
+        LT("mlp.c_fc.bias", 1, 4 * C, 0, 0);
+        LT("mlp.c_proj.weight", 2, 4 * C, C, 1);
+        LT("mlp.c_proj.bias", 1, C, 0, 0);
+#undef LT
+    }
+    add_tensor(m, &ad, "ln_f.weight", -1, 1, C, 0, C, 0);
+    add_tensor(m, &ad, "ln_f.bias", -1, 1, C, 0, C, 0);
+
+    /* loader buffers */
+    m->inputs = add(&ad, "data.inputs", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
+    m->targets = add(&ad, "data.targets", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
+
+    /* activations: kept until the layer's backward when training, only for
+     * the layer's own phase otherwise */
+    char nm[64];
+    for (int j = 0; j <= L; j++) {
+        int first = j == 0 ? 0 : mf_phase_layer_fwd(m, j - 1);
+        /* res[j] feeds layer j (its LayerNorm input) or the head when j == L */
+        int lastp = train ? (j < L ? mf_phase_layer_bwd(m, j) : mf_phase_head_bwd(m))
+                          : (j < L ? mf_phase_layer_fwd(m, j) : mf_phase_head_fwd(m));
+        snprintf(nm, sizeof nm, j == 0 ? "act.embed" : "act.h.%d.out", j - 1);
+        m->res[j] = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, first, lastp, j - 1);
+    }
+    for (int l = 0; l < L; l++) {
+        int f = mf_phase_layer_fwd(m, l), e = train ? mf_phase_layer_bwd(m, l) : f;
+        mf_layer_acts *A = &m->acts[l];
+#define ACT(field, nd, a0, a1, a2, a3) \
+        snprintf(nm, sizeof nm, "act.h.%d." #field, l); \
+        A->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f, e, l)
+        ACT(ln1, 2, N, C, 0, 0);
+        ACT(ln1_mean, 1, N, 0, 0, 0);
+        ACT(ln1_rstd, 1, N, 0, 0, 0);
+        ACT(qkv, 2, N, 3 * C, 0, 0);
+        ACT(att, 4, B, NH, T, T);
+        ACT(atty, 2, N, C, 0, 0);
+        ACT(xmid, 2, N, C, 0, 0);
+        ACT(ln2, 2, N, C, 0, 0);
+        ACT(ln2_mean, 1, N, 0, 0, 0);
+        ACT(ln2_rstd, 1, N, 0, 0, 0);
+        ACT(fch, 2, N, 4 * C, 0, 0);
+        ACT(fch_gelu, 2, N, 4 * C, 0, 0);
+#undef ACT
+    }
+    int hf = mf_phase_head_fwd(m), hb = train ? mf_phase_head_bwd(m) : hf;
+    m->lnf = add(&ad, "act.ln_f", MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, hf, hb, -1);
+    m->lnf_mean = add(&ad, "act.ln_f_mean", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
+    m->lnf_rstd = add(&ad, "act.ln_f_rstd", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
+    /* logits become dlogits in place, so they live into the head backward */
+    m->logits = add(&ad, "act.logits", MF_CAT_ACTS, MF_DTYPE_F32, 2, N, d->Vp, 0, 0, hf, hb, -1);
+    m->losses = add(&ad, "work.losses", MF_CAT_WORK, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hf, -1);
+
+    m->dres = m->dln = m->dbig = m->dqkv = m->attn_scratch = -1;
+    if (train) {
+        /* one layer's worth of activation gradients, reused down the stack */
+        int b0 = mf_phase_head_bwd(m), l0 = mf_phase_layer_bwd(m, L - 1), l1 = mf_phase_layer_bwd(m, 0);
+        m->dres = add(&ad, "work.dresidual", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, b0, mf_phase_emb_bwd(m), -1);
+        m->dln = add(&ad, "work.dln", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, b0, l1, -1);
+        m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, 4 * C, 0, 0, l0, l1, -1);
+        m->dqkv = add(&ad, "work.dqkv", MF_CAT_WORK, MF_DTYPE_F32, 2, N, 3 * C, 0, 0, l0, l1, -1);
+        m->attn_scratch = add(&ad, "work.attn_bwd", MF_CAT_WORK, MF_DTYPE_F32, 1,
+                              (int64_t)mf_attention_scratch_floats(T, nthreads), 0, 0, 0, l0, l1, -1);
+    }
+    if (ad.err) { mf_model_free(m); return -1; }
+    return 0;
+}
+
+void mf_model_free(mf_model *m) {
+    free(m->tensors);
+    free(m->res);
+    free(m->acts);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- init ------------------------------------------------------------ */
+
+void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
+    mf_rng rng;
+    mf_rng_seed(&rng, seed);
+    float proj_std = 0.02f / sqrtf(2.0f * (float)m->d.L);
+    for (int i = 0; i < m->n_tensors; i++) {
+        mf_tensor *t = &m->tensors[i];
+        float *p = mf_arena_ptr(a, t->p);
+        const char *nm = t->name;
+        int is_ln_w = strstr(nm, "ln_") && strstr(nm, ".weight");
+        if (is_ln_w) for (int64_t k = 0; k < t->numel; k++) p[k] = 1.0f;
+        else if (t->ndim == 1) memset(p, 0, (size_t)t->numel * sizeof *p);
+        else {
+            float std = strstr(nm, "c_proj.weight") ? proj_std : 0.02f;
+            for (int64_t k = 0; k < t->numel; k++) p[k] = std * mf_rng_normal(&rng);
+        }
+        if (strcmp(nm, "wte.weight") == 0) /* padding rows stay zero */
+            memset(p + t->rows_file * t->shape[1], 0, (size_t)((t->shape[0] - t->rows_file) * t->shape[1]) * sizeof *p);
+        if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * sizeof(float));
+        if (t->m >= 0) memset(mf_arena_ptr(a, t->m), 0, (size_t)t->numel * sizeof(float));
+        if (t->v >= 0) memset(mf_arena_ptr(a, t->v), 0, (size_t)t->numel * sizeof(float));
+    }
+}
+
+void mf_model_zero_grads(mf_model *m, mf_arena *a) {
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].g >= 0) memset(mf_arena_get(a, m->tensors[i].g), 0, (size_t)m->tensors[i].numel * sizeof(float));
+}
+
+/* ---- forward --------------------------------------------------------- */
+
+#define P(l, k) ((float *)mf_arena_get(a, m->tensors[2 + (l) * MF_LAYER_TENSORS + (k)].p))
+#define G(l, k) ((float *)mf_arena_get(a, m->tensors[2 + (l) * MF_LAYER_TENSORS + (k)].g))
+#define BUF(id) ((float *)mf_arena_get(a, (id)))
+enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB };
+
+static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T) {
+    int C = m->d.C, NH = m->d.NH, N = B * T;
+    mf_layer_acts *A = &m->acts[l];
+    mf_arena_phase(a, mf_phase_layer_fwd(m, l));
+    float *x = BUF(m->res[l]), *out = BUF(m->res[l + 1]);
+    float *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *att = BUF(A->att), *atty = BUF(A->atty);
+    float *ln2 = BUF(A->ln2), *fch = BUF(A->fch), *fchg = BUF(A->fch_gelu);
+    mf_layernorm_forward(ln1, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
+    mf_matmul_forward(qkv, ln1, P(l, QKVW), P(l, QKVB), N, C, 3 * C, 0);
+    mf_attention_forward(atty, att, qkv, B, T, C, NH);
+    /* xmid = x + atty @ Wproj + b: the projection is added straight into the
+     * residual stream, so it never needs a buffer of its own; xmid is kept
+     * because ln_2's backward needs its input */
+    float *xmid = BUF(A->xmid);
+    memcpy(xmid, x, (size_t)N * C * sizeof(float));
+    mf_matmul_forward(xmid, atty, P(l, PROJW), P(l, PROJB), N, C, C, 1);
+    mf_layernorm_forward(ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), xmid, P(l, LN2W), P(l, LN2B), N, C);
+    mf_matmul_forward(fch, ln2, P(l, FCW), P(l, FCB), N, C, 4 * C, 0);
+    mf_gelu_forward(fchg, fch, (size_t)N * 4 * C);
+    memcpy(out, xmid, (size_t)N * C * sizeof(float));
+    mf_matmul_forward(out, fchg, P(l, FCPW), P(l, FCPB), N, 4 * C, C, 1);
+}
+
+static float *tensor_p(mf_model *m, mf_arena *a, int i) { return mf_arena_get(a, m->tensors[i].p); }
+static float *tensor_g(mf_model *m, mf_arena *a, int i) { return mf_arena_get(a, m->tensors[i].g); }
+#define WTE 0
+#define WPE 1
+#define LNF_W (m->n_tensors - 2)
+#define LNF_B (m->n_tensors - 1)
+
+double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets, float dscale) {
+    if (B > m->B || T > m->T) mf_panic("forward on %dx%d exceeds the planned %dx%d", B, T, m->B, m->T);
+    int C = m->d.C, N = B * T, L = m->d.L;
+    mf_arena_phase(a, mf_phase_emb_fwd(m));
+    const int32_t *inp = mf_arena_get(a, m->inputs);
+    mf_encoder_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), tensor_p(m, a, WPE), B, T, C);
+    for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T);
+    mf_arena_phase(a, mf_phase_head_fwd(m));
+    float *lnf = BUF(m->lnf), *logits = BUF(m->logits);
+    mf_layernorm_forward(lnf, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
+                         tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
+    mf_classifier_forward(logits, lnf, tensor_p(m, a, WTE), N, C, m->d.Vp);
+    if (!use_targets) return 0.0;
+    const int32_t *tgt = mf_arena_get(a, m->targets);
+    double sum = mf_crossentropy_forward(logits, BUF(m->losses), tgt, N, m->d.V, m->d.Vp, dscale);
+    return sum / N;
+}
+
+void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
+    if (m->mode != MF_MODE_TRAIN) mf_panic("backward on a forward-only plan");
+    int C = m->d.C, NH = m->d.NH, N = B * T, L = m->d.L;
+    mf_arena_phase(a, mf_phase_head_bwd(m));
+    float *dlogits = BUF(m->logits), *dln = BUF(m->dln), *dres = BUF(m->dres);
+    mf_classifier_backward(dln, tensor_g(m, a, WTE), dlogits, BUF(m->lnf), tensor_p(m, a, WTE), N, C, m->d.Vp);
+    memset(dres, 0, (size_t)N * C * sizeof(float));
+    mf_layernorm_backward(dres, tensor_g(m, a, LNF_W), tensor_g(m, a, LNF_B), dln, BUF(m->res[L]),
+                          tensor_p(m, a, LNF_W), BUF(m->lnf_mean), BUF(m->lnf_rstd), N, C);
+    for (int l = L - 1; l >= 0; l--) {
+        mf_arena_phase(a, mf_phase_layer_bwd(m, l));
+        mf_layer_acts *A = &m->acts[l];
+        float *dbig = BUF(m->dbig), *dqkv = BUF(m->dqkv);
+        /* MLP: out = xmid + gelu(ln2 @ Wfc + b) @ Wfcp + b */
+        mf_matmul_backward(dbig, G(l, FCPW), G(l, FCPB), dres, BUF(A->fch_gelu), P(l, FCPW), N, 4 * C, C);
+        mf_gelu_backward(dbig, BUF(A->fch), dbig, (size_t)N * 4 * C);
+        mf_matmul_backward(dln, G(l, FCW), G(l, FCB), dbig, BUF(A->ln2), P(l, FCW), N, C, 4 * C);
+        mf_layernorm_backward(dres, G(l, LN2W), G(l, LN2B), dln, BUF(A->xmid), P(l, LN2W),
+                              BUF(A->ln2_mean), BUF(A->ln2_rstd), N, C);
+        /* attention: xmid = x + attn(ln1(x)) @ Wproj + b */
+        mf_matmul_backward(dln, G(l, PROJW), G(l, PROJB), dres, BUF(A->atty), P(l, PROJW), N, C, C);
+        mf_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->qkv), BUF(A->att), B, T, C, NH);
+        mf_matmul_backward(dln, G(l, QKVW), G(l, QKVB), dqkv, BUF(A->ln1), P(l, QKVW), N, C, 3 * C);
+        mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->res[l]), P(l, LN1W),
+                              BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
+    }
+    mf_arena_phase(a, mf_phase_emb_bwd(m));
+    mf_encoder_backward(tensor_g(m, a, WTE), tensor_g(m, a, WPE), dres, mf_arena_get(a, m->inputs), B, T, C);
+}
+
+const float *mf_model_logits(mf_model *m, mf_arena *a, int T, int b, int t) {
+    return BUF(m->logits) + ((size_t)b * T + t) * m->d.Vp;
+}

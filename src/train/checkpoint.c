@@ -1,0 +1,159 @@
+/* Weights and checkpoints as safetensors.
+ *
+ * Weights use Hugging Face GPT-2 names and shapes (wte has V rows; the
+ * padding rows memfit adds are zero and are not written). A checkpoint is
+ * the weights plus "adam.m.<name>", "adam.v.<name>" and metadata (format,
+ * dims, step, data position, RNG state, config), written atomically, so a
+ * crash mid-write leaves the previous checkpoint intact. */
+#include "memfit/io.h"
+#include "memfit/train.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CKPT_FORMAT "memfit-checkpoint-1"
+
+static int add_entries(const mf_trainer *t, mf_st_entry *e, char (*names)[64], int with_optim) {
+    const mf_model *m = &t->model;
+    int n = 0;
+    for (int k = 0; k < (with_optim ? 3 : 1); k++) {
+        for (int i = 0; i < m->n_tensors; i++) {
+            const mf_tensor *x = &m->tensors[i];
+            int id = k == 0 ? x->p : k == 1 ? x->m : x->v;
+            if (k == 0) snprintf(names[n], 64, "%s", x->name);
+            else snprintf(names[n], 64, "adam.%c.%s", k == 1 ? 'm' : 'v', x->name);
+            e[n].name = names[n];
+            e[n].dtype = MF_DTYPE_F32;
+            e[n].ndim = x->ndim;
+            e[n].shape[0] = x->rows_file;
+            e[n].shape[1] = x->shape[1];
+            e[n].data = mf_arena_ptr(&t->arena, id);
+            e[n].nbytes = (size_t)(x->rows_file * (x->ndim > 1 ? x->shape[1] : 1)) * sizeof(float);
+            n++;
+        }
+    }
+    return n;
+}
+
+static int save(const mf_trainer *t, const char *path, int with_optim) {
+    int nt = t->model.n_tensors * (with_optim ? 3 : 1);
+    mf_st_entry *e = calloc((size_t)nt, sizeof *e);
+    char (*names)[64] = calloc((size_t)nt, sizeof *names);
+    char *cfg = malloc(1 << 16);
+    if (!e || !names || !cfg) { free(e); free(names); free(cfg); return mf_fail("out of memory writing %s", path); }
+    int n = add_entries(t, e, names, with_optim);
+    char dims[128], step[32], pos[32], rng[32];
+    snprintf(dims, sizeof dims, "%d,%d,%d,%d,%d", t->d.L, t->d.C, t->d.NH, t->d.maxT, t->d.V);
+    snprintf(step, sizeof step, "%d", t->step);
+    snprintf(pos, sizeof pos, "%" PRIu64, t->data_pos);
+    snprintf(rng, sizeof rng, "%" PRIu64, t->rng.s);
+    int rc = mf_config_to_yaml(&t->cfg, cfg, 1 << 16);
+    const char *keys[] = {"format", "dims", "tokenizer", "step", "data_pos", "rng", "config"};
+    const char *vals[] = {with_optim ? CKPT_FORMAT : "memfit-weights-1", dims, t->d.tokenizer, step, pos, rng, cfg};
+    if (rc == 0) rc = mf_st_write(path, e, n, keys, vals, with_optim ? 7 : 3);
+    free(e);
+    free(names);
+    free(cfg);
+    return rc;
+}
+
+int mf_trainer_save_checkpoint(const mf_trainer *t, const char *path) { return save(t, path, 1); }
+int mf_trainer_save_weights(const mf_trainer *t, const char *path) { return save(t, path, 0); }
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *s) {
+    size_t len = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && len < n; i++) len += (size_t)snprintf(buf + len, n - len, "%s%" PRId64, i ? ", " : "", s[i]);
+    if (len < n) snprintf(buf + len, n - len, "]");
+}
+
+/* Copies tensor `name` (prefix + Hugging Face name) into buffer `id`. */
+static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *path, const char *prefix,
+                       const mf_tensor *x, int id) {
+    char name[96];
+    snprintf(name, sizeof name, "%s%s", prefix, x->name);
+    const mf_st_tensor *s = mf_st_find(f, name);
+    if (!s) {
+        char alt[128];
+        snprintf(alt, sizeof alt, "transformer.%s", name);  /* GPT2LMHeadModel state dicts */
+        s = mf_st_find(f, alt);
+    }
+    if (!s) return mf_fail("%s: tensor '%s' is missing", path, name);
+    int64_t want[2] = {x->rows_file, x->shape[1]};
+    int ok = s->dtype == MF_DTYPE_F32 && s->ndim == x->ndim && s->shape[0] == want[0] &&
+             (x->ndim == 1 || s->shape[1] == want[1]);
+    if (!ok) {
+        char a[64], b[64];
+        shape_str(a, sizeof a, s->ndim, s->shape);
+        shape_str(b, sizeof b, x->ndim, want);
+        return mf_fail("%s: tensor '%s' is %s %s, the model needs F32 %s", path, name,
+                       mf_dtype_name(s->dtype), a, b);
+    }
+    float *dst = mf_arena_ptr(&t->arena, id);
+    memcpy(dst, s->data, s->nbytes);
+    /* padding rows (wte beyond V) stay zero */
+    size_t rest = (size_t)(x->numel * (int64_t)sizeof(float)) - s->nbytes;
+    if (rest) memset((char *)dst + s->nbytes, 0, rest);
+    return 0;
+}
+
+static int ignorable(const char *name) {
+    size_t n = strlen(name);
+    /* tied head and attention mask buffers some exporters include */
+    return strcmp(name, "lm_head.weight") == 0 ||
+           (n > 9 && strcmp(name + n - 9, ".attn.bias") == 0) ||
+           (n > 16 && strcmp(name + n - 16, ".attn.masked_bias") == 0);
+}
+
+int mf_trainer_load_weights(mf_trainer *t, const char *path) {
+    mf_st_file f;
+    if (mf_st_open(&f, path)) return -1;
+    int rc = 0;
+    for (int i = 0; i < t->model.n_tensors && !rc; i++)
+        rc = load_tensor(t, &f, path, "", &t->model.tensors[i], t->model.tensors[i].p);
+    for (int i = 0; i < f.n && !rc; i++) {
+        const char *nm = f.tensors[i].name;
+        if (strncmp(nm, "transformer.", 12) == 0) nm += 12;
+        int known = ignorable(nm) || strncmp(nm, "adam.", 5) == 0;
+        for (int k = 0; k < t->model.n_tensors && !known; k++) known = strcmp(nm, t->model.tensors[k].name) == 0;
+        if (!known) rc = mf_fail("%s: unexpected tensor '%s' (not part of this GPT-2 model)", path, f.tensors[i].name);
+    }
+    mf_st_close(&f);
+    return rc;
+}
+
+int mf_trainer_load_checkpoint(mf_trainer *t, const char *path) {
+    mf_st_file f;
+    if (mf_st_open(&f, path)) return -1;
+    int rc = 0;
+    const char *fmt = mf_st_meta(&f, "format"), *dims = mf_st_meta(&f, "dims");
+    const char *step = mf_st_meta(&f, "step"), *pos = mf_st_meta(&f, "data_pos"), *rng = mf_st_meta(&f, "rng");
+    char want[128];
+    snprintf(want, sizeof want, "%d,%d,%d,%d,%d", t->d.L, t->d.C, t->d.NH, t->d.maxT, t->d.V);
+    if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0) rc = mf_fail("%s is not a memfit checkpoint (format '%s')", path, fmt ? fmt : "none");
+    else if (!dims || strcmp(dims, want) != 0)
+        rc = mf_fail("%s: checkpoint model (L,C,H,T,V) = %s does not match the configured %s", path, dims ? dims : "?", want);
+    else if (!step || !pos || !rng) rc = mf_fail("%s: checkpoint metadata incomplete", path);
+    const mf_model *m = &t->model;
+    int kinds = t->mode == MF_MODE_TRAIN ? 3 : 1;  /* inference needs no AdamW state */
+    for (int k = 0; k < kinds && !rc; k++) {
+        for (int i = 0; i < m->n_tensors && !rc; i++) {
+            const mf_tensor *x = &m->tensors[i];
+            rc = load_tensor(t, &f, path, k == 0 ? "" : k == 1 ? "adam.m." : "adam.v.", x,
+                             k == 0 ? x->p : k == 1 ? x->m : x->v);
+        }
+    }
+    if (!rc) {
+        char *e1, *e2, *e3;
+        long s = strtol(step, &e1, 10);
+        unsigned long long p = strtoull(pos, &e2, 10), r = strtoull(rng, &e3, 10);
+        if (*e1 || *e2 || *e3 || s < 0) rc = mf_fail("%s: bad checkpoint metadata", path);
+        else {
+            t->step = (int)s;
+            t->data_pos = p;
+            t->rng.s = r;
+        }
+    }
+    mf_st_close(&f);
+    return rc;
+}

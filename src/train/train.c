@@ -1,0 +1,367 @@
+/* The training driver: set-up (data, plan, budget, arena, weights), the
+ * step, validation and sampling. */
+#include "memfit/train.h"
+#include "memfit/kernels.h"
+#include "memfit/optim.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *mf_cache_dir(char *buf, size_t n) {
+    const char *c = getenv("MEMFIT_CACHE"), *h = getenv("HOME");
+    if (c && *c) snprintf(buf, n, "%s", c);
+    else snprintf(buf, n, "%s/.cache/memfit", h && *h ? h : ".");
+    return buf;
+}
+
+int mf_threads_setup(int threads) {
+    int n = threads > 0 ? threads : omp_get_num_procs();
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+    return n;
+}
+
+void mf_blas_warmup(int rows, int cols, int inner) {
+    /* OpenBLAS maps a packing buffer per calling thread lazily and touches
+     * as much of it as the largest blocking it has used. Kernels call GEMM
+     * both from the main thread and from inside OpenMP regions (one GEMM
+     * per attention head), so GEMMs at least as large as the blocks, in each
+     * transpose form and in both settings, bring every buffer to its
+     * working size before the baseline is read. The matrices are freed
+     * (returned to the system) before the arena exists. */
+    /* sized like the model's largest GEMM (its output head), capped where
+     * the library's blocking stops growing; b doubles as c, as the values
+     * do not matter, to keep the transient small */
+    int M = rows < 256 ? rows : 256, K = inner < 256 ? inner : 256, N = cols < 65536 ? cols : 65536;
+    if (M < 1 || K < 1 || N < 1) return;
+    float *a = calloc((size_t)M * K, sizeof *a), *b = calloc((size_t)(K > M ? K : M) * N, sizeof *b), *c = b;
+    if (a && b) {
+        /* the shapes of a tied output head: x @ W^T, dlogits @ W, dlogits^T @ x */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, c, N, b, K, 0.0f, a, K);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0f, c, N, a, K, 1.0f, b, K);
+    }
+    free(a);
+    free(b);
+}
+
+int mf_train_plan(const mf_config *cfg, mf_mode mode, int nthreads,
+                  mf_dims *d, mf_plan *plan, mf_model *model) {
+    if (mf_model_dims(cfg, d)) return -1;
+    int T = cfg->seq ? cfg->seq : d->maxT;
+    if (mf_plan_init(plan, mf_model_n_phases(d, mode))) return -1;
+    if (mf_model_plan(model, plan, d, cfg->batch, T, mode, nthreads)) { mf_plan_free(plan); return -1; }
+    mf_plan_layout(plan);
+    return 0;
+}
+
+static int file_exists(const char *p) { struct stat st; return stat(p, &st) == 0; }
+
+static int load_tokenizer(mf_trainer *t) {
+    if (strcmp(t->d.tokenizer, "bytes") == 0) { t->tok = mf_tokenizer_bytes(); return 0; }
+    char dir[MF_PATH_MAX], enc[MF_PATH_MAX + 32], bpe[MF_PATH_MAX + 32], cache[MF_PATH_MAX];
+    if (t->cfg.tokenizer_dir[0]) snprintf(dir, sizeof dir, "%s", t->cfg.tokenizer_dir);
+    else snprintf(dir, sizeof dir, "%s/gpt2", mf_cache_dir(cache, sizeof cache));
+    snprintf(enc, sizeof enc, "%s/encoder.json", dir);
+    snprintf(bpe, sizeof bpe, "%s/vocab.bpe", dir);
+    if (!file_exists(enc) || !file_exists(bpe))
+        return mf_fail("GPT-2 tokenizer files not found in %s (run scripts/fetch_data.sh, or set tokenizer_dir)", dir);
+    t->tok = mf_tokenizer_gpt2(enc, bpe);
+    return t->tok ? 0 : -1;
+}
+
+typedef struct { uint16_t *ids; uint64_t n, cap; int err; } idvec;
+static void push_id(int32_t id, void *ctx) {
+    idvec *v = ctx;
+    if (v->err) return;
+    if (v->n == v->cap) {
+        uint64_t cap = v->cap ? 2 * v->cap : 1 << 16;
+        uint16_t *ni = realloc(v->ids, cap * sizeof *ni);
+        if (!ni) { v->err = 1; return; }
+        v->ids = ni;
+        v->cap = cap;
+    }
+    v->ids[v->n++] = (uint16_t)id;
+}
+
+int mf_tokenize_file(const mf_tokenizer *tok, const char *text_path, const char *out_path) {
+    FILE *f = fopen(text_path, "rb");
+    if (!f) return mf_fail("cannot open %s: %s", text_path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc(n > 0 ? (size_t)n : 1);
+    if (!buf || (n > 0 && fread(buf, 1, (size_t)n, f) != (size_t)n)) {
+        fclose(f);
+        free(buf);
+        return mf_fail("cannot read %s", text_path);
+    }
+    fclose(f);
+    idvec v = {0};
+    int rc = mf_tokenizer_encode(tok, buf, (size_t)n, push_id, &v);
+    free(buf);
+    if (rc == 0 && v.err) rc = mf_fail("out of memory tokenizing %s", text_path);
+    if (rc == 0) rc = mf_tokfile_write(out_path, mf_tokenizer_kind(tok), (uint32_t)mf_tokenizer_vocab(tok), v.ids, v.n);
+    free(v.ids);
+    return rc;
+}
+
+static int open_data(mf_trainer *t) {
+    char cache[MF_PATH_MAX], path[MF_PATH_MAX + 64];
+    const char *data = t->cfg.data;
+    if (!data[0]) {
+        /* the default corpus, tokenized once into the cache */
+        char txt[MF_PATH_MAX + 32];
+        mf_cache_dir(cache, sizeof cache);
+        snprintf(txt, sizeof txt, "%s/moby-dick.txt", cache);
+        snprintf(path, sizeof path, "%s/moby-dick.%s.tok", cache, t->d.tokenizer);
+        if (!file_exists(path)) {
+            if (!file_exists(txt))
+                return mf_fail("no training data: %s is missing (run scripts/fetch_data.sh, or give --data FILE.tok)", txt);
+            if (mf_tokenize_file(t->tok, txt, path)) return -1;
+        }
+        data = path;
+    }
+    if (mf_tokfile_open(&t->train_file, data)) return -1;
+    const char *kinds[] = {"bytes", "gpt2"};
+    if (strcmp(kinds[t->train_file.kind == MF_TOK_GPT2], t->d.tokenizer) != 0)
+        return mf_fail("token file %s was made with the %s tokenizer but the model uses %s",
+                       data, kinds[t->train_file.kind == MF_TOK_GPT2], t->d.tokenizer);
+    if (t->train_file.vocab > (uint32_t)t->d.V)
+        return mf_fail("token file %s has vocabulary %u, larger than the model's %d", data, t->train_file.vocab, t->d.V);
+    uint64_t need = (uint64_t)t->B * t->T + 1;
+    if (t->cfg.val_data[0]) {
+        if (mf_tokfile_open(&t->val_file, t->cfg.val_data)) return -1;
+        t->own_val_file = 1;
+        if (t->val_file.kind != t->train_file.kind) return mf_fail("validation file %s uses another tokenizer than %s", t->cfg.val_data, data);
+        t->train_lo = 0;
+        t->train_hi = t->train_file.n;
+        t->val_lo = 0;
+        t->val_hi = t->val_file.n;
+    } else {
+        uint64_t nval = (uint64_t)((double)t->train_file.n * t->cfg.val_fraction);
+        t->train_lo = 0;
+        t->train_hi = t->train_file.n - nval;
+        t->val_lo = t->train_hi;
+        t->val_hi = t->train_file.n;
+    }
+    if (t->train_hi - t->train_lo < need)
+        return mf_fail("training data has %llu tokens, fewer than one batch needs (batch %d x seq %d + 1)",
+                       (unsigned long long)(t->train_hi - t->train_lo), t->B, t->T);
+    uint64_t nv = (t->val_hi - t->val_lo) >= 1 ? (t->val_hi - t->val_lo - 1) / ((uint64_t)t->B * t->T) : 0;
+    t->n_val_batches = (int)(nv < (uint64_t)t->cfg.val_batches ? nv : (uint64_t)t->cfg.val_batches);
+    return 0;
+}
+
+static const uint16_t *val_ids(const mf_trainer *t) {
+    return t->own_val_file ? t->val_file.ids : t->train_file.ids;
+}
+
+static void load_window(mf_trainer *t, const uint16_t *ids, uint64_t start) {
+    int32_t *in = mf_arena_get(&t->arena, t->model.inputs), *tg = mf_arena_get(&t->arena, t->model.targets);
+    size_t n = (size_t)t->B * t->T;
+    for (size_t i = 0; i < n; i++) {
+        in[i] = ids[start + i];
+        tg[i] = ids[start + i + 1];
+    }
+}
+
+void mf_trainer_load_batch(mf_trainer *t) {
+    uint64_t n = (uint64_t)t->B * t->T;
+    if (t->train_lo + t->data_pos + n + 1 > t->train_hi) t->data_pos = 0;
+    load_window(t, t->train_file.ids, t->train_lo + t->data_pos);
+    t->data_pos += n;
+}
+
+int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
+    memset(t, 0, sizeof *t);
+    t->cfg = *cfg;
+    t->mode = mode;
+    t->nthreads = mf_threads_setup(cfg->threads);
+    if (mf_model_dims(cfg, &t->d)) return -1;
+    t->B = cfg->batch;
+    t->T = cfg->seq ? cfg->seq : t->d.maxT;
+    if (t->T > t->d.maxT) return mf_fail("seq %d exceeds the model's block_size %d", t->T, t->d.maxT);
+    mf_rng_seed(&t->rng, cfg->seed ^ 0x5EED5A3Dull);
+    int need_tok = cfg->sample_tokens > 0 || !cfg->data[0];
+    if (need_tok && load_tokenizer(t)) goto fail;
+    if (open_data(t)) goto fail;
+    t->sample_ctx = malloc((size_t)t->T * sizeof *t->sample_ctx);
+    t->sample_probs = malloc((size_t)t->d.V * sizeof *t->sample_probs);
+    t->sample_idx = malloc((size_t)(cfg->top_k > 0 ? cfg->top_k : 1) * sizeof *t->sample_idx);
+    if (!t->sample_ctx || !t->sample_probs || !t->sample_idx) { mf_fail("out of memory"); goto fail; }
+
+    /* everything outside the arena exists now: measure the baseline */
+    mf_blas_warmup(t->B * t->T, t->d.Vp > 4 * t->d.C ? t->d.Vp : 4 * t->d.C, t->d.C);
+    mf_ledger_init(&t->ledger);
+    t->ledger.rss_baseline = mf_rss_current();
+
+    if (mf_plan_init(&t->plan, mf_model_n_phases(&t->d, mode))) goto fail;
+    if (mf_model_plan(&t->model, &t->plan, &t->d, t->B, t->T, mode, t->nthreads)) goto fail;
+    mf_plan_layout(&t->plan);
+    if (mf_plan_check_budget(&t->plan, t->ledger.rss_baseline, cfg->budget)) goto fail;
+    if (mf_arena_init(&t->arena, &t->plan, &t->ledger)) goto fail;
+    mf_model_init_weights(&t->model, &t->arena, cfg->seed);
+    if (cfg->init[0] && mf_trainer_load_weights(t, cfg->init)) goto fail;
+    if (cfg->resume[0] && mf_trainer_load_checkpoint(t, cfg->resume)) goto fail;
+    return 0;
+fail:
+    {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", mf_error());
+        mf_trainer_free(t);
+        return mf_fail("%s", msg);
+    }
+}
+
+void mf_trainer_free(mf_trainer *t) {
+    mf_arena_free(&t->arena);
+    mf_model_free(&t->model);
+    mf_plan_free(&t->plan);
+    mf_tokfile_close(&t->train_file);
+    if (t->own_val_file) mf_tokfile_close(&t->val_file);
+    if (t->tok) mf_tokenizer_free(t->tok);
+    free(t->sample_ctx);
+    free(t->sample_probs);
+    free(t->sample_idx);
+    memset(t, 0, sizeof *t);
+}
+
+int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
+    if (t->mode != MF_MODE_TRAIN) return mf_fail("this trainer was set up for inference");
+    double t0 = mf_time_now();
+    mf_model *m = &t->model;
+    mf_arena *a = &t->arena;
+    int accum = t->cfg.grad_accum;
+    float dscale = 1.0f / ((float)t->B * (float)t->T * (float)accum);
+    double loss = 0;
+    for (int k = 0; k < accum; k++) {
+        mf_arena_step(a);
+        if (k == 0) mf_model_zero_grads(m, a);
+        mf_trainer_load_batch(t);
+        loss += mf_model_forward(m, a, t->B, t->T, 1, dscale);
+        mf_model_backward(m, a, t->B, t->T);
+    }
+    loss /= accum;
+    mf_arena_phase(a, mf_phase_optim(m));
+    double ss = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        ss += mf_sumsq(mf_arena_get(a, m->tensors[i].g), (size_t)m->tensors[i].numel);
+    double norm = sqrt(ss);
+    if (!isfinite(loss) || !isfinite(norm))
+        return mf_fail("step %d: loss or gradient is not finite (loss %g, grad norm %g); lower lr", t->step + 1, loss, norm);
+    float gscale = mf_clip_scale(norm, t->cfg.grad_clip);
+    double lr = mf_lr_at(&t->cfg, t->step);
+    const mf_config *c = &t->cfg;
+    for (int i = 0; i < m->n_tensors; i++) {
+        mf_tensor *x = &m->tensors[i];
+        int decay = strcmp(c->decay_on, "all") == 0 || (strcmp(c->decay_on, "2d") == 0 && x->decay);
+        mf_adamw_update(mf_arena_get(a, x->p), mf_arena_get(a, x->g), mf_arena_get(a, x->m), mf_arena_get(a, x->v),
+                        (size_t)x->numel, (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
+                        decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
+    }
+    t->step++;
+    if (st) {
+        st->loss = loss;
+        st->lr = lr;
+        st->grad_norm = norm;
+        st->seconds = mf_time_now() - t0;
+        st->tok_s = (double)t->B * t->T * accum / st->seconds;
+    }
+    return 0;
+}
+
+double mf_trainer_val_loss(mf_trainer *t) {
+    if (t->n_val_batches < 1) return NAN;
+    double sum = 0;
+    size_t n = (size_t)t->B * t->T;
+    for (int i = 0; i < t->n_val_batches; i++) {
+        mf_arena_step(&t->arena);
+        load_window(t, val_ids(t), t->val_lo + (uint64_t)i * n);
+        sum += mf_model_forward(&t->model, &t->arena, t->B, t->T, 1, 0.0f);
+    }
+    return sum / t->n_val_batches;
+}
+
+typedef struct { mf_trainer *t; int n; } ctx_fill;
+static void emit_ctx(int32_t id, void *p) {
+    ctx_fill *c = p;
+    int T = c->t->T;
+    /* keep the last T ids of the prompt */
+    if (c->n == T) {
+        memmove(c->t->sample_ctx, c->t->sample_ctx + 1, (size_t)(T - 1) * sizeof *c->t->sample_ctx);
+        c->n--;
+    }
+    c->t->sample_ctx[c->n++] = id;
+}
+
+static int sample_next(mf_trainer *t, const float *logits) {
+    int V = t->d.V, k = t->cfg.top_k > 0 && t->cfg.top_k < V ? t->cfg.top_k : V;
+    double temp = t->cfg.temperature;
+    if (temp <= 0) {
+        int best = 0;
+        for (int i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+    /* top-k by insertion into a list of k ids sorted by logit */
+    int *idx = t->sample_idx, nk = 0;
+    if (k < V) {
+        for (int i = 0; i < V; i++) {
+            if (nk == k && logits[i] <= logits[idx[k - 1]]) continue;
+            int j = nk < k ? nk++ : k - 1;
+            while (j > 0 && logits[idx[j - 1]] < logits[i]) { idx[j] = idx[j - 1]; j--; }
+            idx[j] = i;
+        }
+    }
+    int n = k < V ? nk : V;
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        int id = k < V ? idx[i] : i;
+        float p = expf((float)((logits[id] - mx) / temp));
+        t->sample_probs[i] = p;
+        sum += p;
+    }
+    double r = mf_rng_uniform(&t->rng) * sum, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += t->sample_probs[i];
+        if (acc >= r) return k < V ? idx[i] : i;
+    }
+    return k < V ? idx[n - 1] : n - 1;
+}
+
+int mf_trainer_sample(mf_trainer *t, const char *prompt, int n, FILE *out) {
+    if (!t->tok) return mf_fail("sampling needs the tokenizer");
+    ctx_fill c = {t, 0};
+    if (prompt && *prompt) {
+        if (mf_tokenizer_encode(t->tok, prompt, strlen(prompt), emit_ctx, &c)) return -1;
+        fputs(prompt, out);
+    }
+    if (c.n == 0) emit_ctx(mf_tokenizer_kind(t->tok) == MF_TOK_GPT2 ? MF_GPT2_EOT : '\n', &c);
+    int T = t->T, len = c.n;
+    for (int s = 0; s < n; s++) {
+        mf_arena_step(&t->arena);
+        int32_t *in = mf_arena_get(&t->arena, t->model.inputs);
+        memcpy(in, t->sample_ctx, (size_t)len * sizeof *in);
+        mf_model_forward(&t->model, &t->arena, 1, len, 0, 0.0f);
+        int id = sample_next(t, mf_model_logits(&t->model, &t->arena, len, 0, len - 1));
+        const char *bytes;
+        int nb = mf_tokenizer_decode(t->tok, id, &bytes);
+        if (nb > 0) fwrite(bytes, 1, (size_t)nb, out);
+        if (len < T) t->sample_ctx[len++] = id;
+        else {
+            memmove(t->sample_ctx, t->sample_ctx + 1, (size_t)(T - 1) * sizeof *t->sample_ctx);
+            t->sample_ctx[T - 1] = id;
+        }
+    }
+    fputc('\n', out);
+    fflush(out);
+    return 0;
+}

@@ -1,0 +1,51 @@
+/* Shared set-up for tests that train: a small random token file and a
+ * config for a tiny GPT-2 that trains in milliseconds. */
+#ifndef MEMFIT_TRAINUTIL_H
+#define MEMFIT_TRAINUTIL_H
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "memfit/config.h"
+#include "memfit/core.h"
+#include "memfit/data.h"
+
+/* Writes n pseudo-random byte-level ids with some structure (so the loss
+ * can fall) to a fresh temp file; path receives its name. */
+static inline int tu_make_tokens(char *path, size_t n, uint64_t count, uint64_t seed) {
+    snprintf(path, n, "/tmp/memfit-test-XXXXXX");
+    int fd = mkstemp(path);
+    if (fd < 0) return -1;
+    close(fd);
+    uint16_t *ids = malloc(count * sizeof *ids);
+    if (!ids) return -1;
+    mf_rng r;
+    mf_rng_seed(&r, seed);
+    const char *text = "the whale swam under the ship and the sea was calm; ";
+    size_t tl = strlen(text);
+    for (uint64_t i = 0; i < count; i++)
+        ids[i] = (mf_rng_u32(&r) % 8 == 0) ? (uint16_t)(mf_rng_u32(&r) % 256) : (uint16_t)(unsigned char)text[i % tl];
+    int rc = mf_tokfile_write(path, MF_TOK_BYTES, 256, ids, count);
+    free(ids);
+    return rc;
+}
+
+/* A 2-layer byte-level model: C=32, 4 heads, T=16. */
+static inline void tu_tiny_config(mf_config *c, const char *data) {
+    mf_config_defaults(c);
+    mf_config_set(c, "model", "gpt2-1m");
+    mf_config_set(c, "n_layer", "2");
+    mf_config_set(c, "n_embd", "32");
+    mf_config_set(c, "n_head", "4");
+    mf_config_set(c, "block_size", "16");
+    mf_config_set(c, "batch", "2");
+    mf_config_set(c, "seq", "16");
+    mf_config_set(c, "steps", "10");
+    mf_config_set(c, "warmup", "2");
+    mf_config_set(c, "sample_tokens", "0");
+    mf_config_set(c, "val_every", "0");
+    mf_config_set(c, "threads", "2");
+    mf_config_set(c, "data", data);
+}
+#endif
