@@ -145,9 +145,10 @@ size_t mf_rss_peak(void);
 /* ---- arena ----------------------------------------------------------- */
 
 /* One mapping of plan->arena_bytes, pre-faulted so the process's RSS is the
- * plan from the start. Pointers are handed out only through mf_arena_get,
- * which checks the caller is inside the buffer's lifetime and counts the
- * buffer in the ledger the first time it is used in a step. */
+ * plan from the start. Persistent buffers are counted in the ledger from
+ * mf_arena_init on; every other buffer is counted when the step first asks
+ * for it through mf_arena_get (which checks the caller is inside the
+ * buffer's lifetime) and uncounted when its lifetime ends. */
 typedef struct {
     const mf_plan *plan;
     mf_ledger *ledger;

@@ -53,9 +53,10 @@ static void blas_coretype_setup(int argc, char **argv) {
     if (strcmp(want, "auto") == 0) {
         __builtin_cpu_init();
         int avx512 = __builtin_cpu_supports("avx512f");
-        static const char *const modern[] = {"SkylakeX", "Cooperlake", "SapphireRapids", "Zen", NULL};
+        /* cores whose kernels use AVX-512: an inherited setting naming one is kept */
+        static const char *const avx512_cores[] = {"SkylakeX", "Cooperlake", "SapphireRapids", NULL};
         int keep = !cur;
-        for (int i = 0; cur && modern[i]; i++) keep |= strcasecmp(cur, modern[i]) == 0 && i < 3;
+        for (int i = 0; cur && avx512_cores[i]; i++) keep |= strcasecmp(cur, avx512_cores[i]) == 0;
         if (avx512 && !keep) { unsetenv("OPENBLAS_CORETYPE"); change = 1; }
     } else if (!cur || strcmp(cur, want) != 0) {
         setenv("OPENBLAS_CORETYPE", want, 1);

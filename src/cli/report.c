@@ -1,5 +1,6 @@
 #include "report.h"
 
+#include <cblas.h>
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -39,6 +40,8 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
     fprintf(f, "batch %d x seq %d x accum %d = %d tokens/step, %d threads; train %llu tokens, val %d batches\n",
             t->B, t->T, t->cfg.grad_accum, t->B * t->T * t->cfg.grad_accum, t->nthreads,
             (unsigned long long)(t->train_hi - t->train_lo), t->n_val_batches);
+    const char *ct = getenv("OPENBLAS_CORETYPE");
+    fprintf(f, "BLAS: OpenBLAS %s kernels (OPENBLAS_CORETYPE %s)\n", openblas_get_corename(), ct ? ct : "unset");
     print_plan_line(f, &t->plan, t->ledger.rss_baseline, t->cfg.budget);
     fflush(f);
 }

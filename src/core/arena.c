@@ -74,6 +74,15 @@ int mf_arena_init(mf_arena *a, const mf_plan *plan, mf_ledger *ledger) {
         a->base = m;
         if (a->poison) memset(a->base, 0xFF, a->size);  /* NaN: reads before writes show up */
     }
+    /* persistent buffers (weights, gradients, optimizer state, loader
+     * buffers) hold their bytes from now on */
+    for (int i = 0; i < plan->n; i++) {
+        const mf_buf *b = &plan->bufs[i];
+        if (b->first == 0 && b->last == plan->n_phases - 1) {
+            a->live[i] = 1;
+            mf_ledger_add(ledger, b->cat, b->bytes);
+        }
+    }
     return 0;
 }
 

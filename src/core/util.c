@@ -12,10 +12,13 @@
 static _Thread_local char mf_errbuf[1024];
 
 int mf_fail(const char *fmt, ...) {
+    /* format into a copy first: callers often wrap mf_error() itself */
+    char tmp[sizeof mf_errbuf];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(mf_errbuf, sizeof mf_errbuf, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(mf_errbuf, tmp, sizeof tmp);
     return -1;
 }
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Bad input reaches a one-line error and exit status 1: never a crash
+# (signal), never a stack trace, never a checkpoint left half-written.
+set -u
+M=${MEMFIT_BIN:?}
+W=$(mktemp -d /tmp/memfit-cli-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+fail=0
+tiny=(--model gpt2-1m --n_layer 1 --n_embd 32 --n_head 4 --block_size 16 --seq 16 --batch 2
+      --sample_tokens 0 --val_every 0 --threads 2)
+
+# a small byte-level corpus and its token file
+head -c 20000 /dev/urandom | base64 > "$W/corpus.txt"
+"$M" tokenize --tokenizer bytes "$W/corpus.txt" "$W/good.tok" >/dev/null || { echo "tokenize failed"; exit 1; }
+
+expect_error() {  # name, expected substring, command...
+  local name=$1 want=$2; shift 2
+  "$@" >"$W/out" 2>"$W/err"
+  local rc=$?
+  local lines; lines=$(wc -l <"$W/err")
+  if [ $rc -ne 1 ]; then echo "FAIL $name: exit $rc (want 1)"; cat "$W/err"; fail=1; return; fi
+  if [ "$lines" -ne 1 ]; then echo "FAIL $name: $lines lines on stderr"; cat "$W/err"; fail=1; return; fi
+  if ! grep -q -- "$want" "$W/err"; then echo "FAIL $name: message lacks '$want':"; cat "$W/err"; fail=1; return; fi
+  if ls "$W"/out_dir/* 2>/dev/null | grep -q .; then echo "FAIL $name: files left in out_dir"; ls "$W/out_dir"; fail=1; fi
+  echo "ok   $name: $(cat "$W/err")"
+}
+
+expect_error unknown-key "unknown option --bogus" "$M" train "${tiny[@]}" --data "$W/good.tok" --bogus 1
+expect_error bad-value "config key 'batch'" "$M" train "${tiny[@]}" --data "$W/good.tok" --batch 0
+expect_error bad-size "budget" "$M" train "${tiny[@]}" --data "$W/good.tok" --budget 12parsecs
+expect_error impossible-budget "over by" "$M" train "${tiny[@]}" --data "$W/good.tok" --budget 1MiB --out_dir "$W/out_dir"
+expect_error estimate-budget "over by" "$M" estimate --model gpt2-124m --batch 4 --seq 256 --budget 1GiB
+expect_error missing-data "No such file" "$M" train "${tiny[@]}" --data "$W/nope.tok"
+head -c 1000 "$W/good.tok" > "$W/trunc.tok"
+expect_error truncated-tokens "truncated" "$M" train "${tiny[@]}" --data "$W/trunc.tok" --out_dir "$W/out_dir"
+printf 'not a token file at all, just some text padding it out to sixty-four bytes and more' > "$W/text.tok"
+expect_error not-token-file "token file" "$M" train "${tiny[@]}" --data "$W/text.tok"
+printf '\x10\x00\x00\x00\x00\x00\x00\x00{"a": broken json' > "$W/corrupt.safetensors"
+expect_error corrupt-safetensors "corrupt.safetensors" "$M" train "${tiny[@]}" --data "$W/good.tok" --init "$W/corrupt.safetensors" --out_dir "$W/out_dir"
+# weights of another shape
+"$M" train --model gpt2-1m --n_layer 1 --n_embd 48 --n_head 4 --block_size 16 --seq 16 --batch 2 --sample_tokens 0 \
+  --val_every 0 --threads 2 --steps 1 --data "$W/good.tok" --out_dir "$W/other" >/dev/null 2>&1 || { echo "FAIL: training the other model"; fail=1; }
+expect_error wrong-shapes "the model needs F32" "$M" train "${tiny[@]}" --data "$W/good.tok" --init "$W/other/model.safetensors" --out_dir "$W/out_dir"
+expect_error resume-not-checkpoint "not a memfit checkpoint" "$M" train "${tiny[@]}" --data "$W/good.tok" --resume "$W/other/model.safetensors"
+printf 'batch: [1, 2\n' > "$W/bad.yaml"
+expect_error bad-yaml "bad.yaml" "$M" train --config "$W/bad.yaml"
+printf 'batchsize: 4\n' > "$W/unknown.yaml"
+expect_error unknown-yaml-key "unknown config key 'batchsize'" "$M" train --config "$W/unknown.yaml"
+expect_error bad-heads "does not divide" "$M" estimate --model gpt2-1m --n_head 3
+expect_error seq-too-long "exceeds the model's block_size" "$M" estimate --model gpt2-1m --seq 4096
+expect_error unknown-preset "unknown model preset" "$M" estimate --model gpt5
+expect_error sample-no-weights "--init" "$M" sample --model gpt2-1m
+expect_error tokenize-args "tokenize needs" "$M" tokenize only-one-arg
+expect_error missing-tokenizer "tokenizer files not found" "$M" train --model gpt2-10m --tokenizer_dir "$W/none" --data "$W/good.tok"
+"$M" frobnicate >/dev/null 2>&1; rc=$?
+if [ $rc -ne 2 ]; then echo "FAIL unknown-command: exit $rc"; fail=1; else echo "ok   unknown-command: exit 2"; fi
+
+# a failed run after good checkpoints leaves them intact: train, then ask to
+# write into a read-only place is hard as root, so corrupt the resume input
+"$M" train "${tiny[@]}" --data "$W/good.tok" --steps 2 --out_dir "$W/ck" >/dev/null 2>&1 || { echo "FAIL: training"; fail=1; }
+sum1=$(sha256sum "$W/ck/checkpoint.safetensors" | cut -d' ' -f1)
+"$M" train "${tiny[@]}" --data "$W/trunc.tok" --steps 4 --resume "$W/ck/checkpoint.safetensors" --out_dir "$W/ck" >/dev/null 2>&1
+sum2=$(sha256sum "$W/ck/checkpoint.safetensors" | cut -d' ' -f1)
+if [ "$sum1" != "$sum2" ] || ls "$W/ck" | grep -q tmp; then echo "FAIL checkpoint changed by a failed run"; fail=1; else echo "ok   checkpoint intact after a failed run"; fi
+exit $fail

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Peak RSS of real training runs is within max(3%, 32 MiB) of the measured
+# baseline plus the planned arena, and the ledger equals the plan, for
+# models from 1M to 124M parameters. (Release build only: sanitizers change
+# the process's memory.)
+set -u
+M=${MEMFIT_BIN:?}
+W=$(mktemp -d /tmp/memfit-rss-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+fail=0
+run() {  # name, args...
+  local name=$1; shift
+  if ! "$M" train --sample_tokens 0 --val_every 0 --val_batches 1 --metrics "$W/m.jsonl" "$@" > "$W/log" 2>&1; then
+    echo "FAIL $name: train failed"; tail -3 "$W/log"; fail=1; return
+  fi
+  /usr/bin/python3 - "$W/m.jsonl" "$name" <<'PY' || fail=1
+import json, sys
+m = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+pred = m["rss_baseline_bytes"] + m["arena_bytes"]
+rss = m["rss_peak_bytes"]
+tol = max(0.03 * pred, 32 * 2**20)
+ok = abs(rss - pred) <= tol and m["ledger_peak_bytes"] == m["planned_peak_bytes"]
+print("%s %s: predicted %.1f MiB, peak RSS %.1f MiB (%+.2f%%), ledger %s plan" % (
+    "ok  " if ok else "FAIL", sys.argv[2], pred / 2**20, rss / 2**20, 100.0 * (rss - pred) / pred,
+    "==" if m["ledger_peak_bytes"] == m["planned_peak_bytes"] else "!="))
+sys.exit(0 if ok else 1)
+PY
+}
+run gpt2-1m --model gpt2-1m --steps 3
+run gpt2-10m-B8-T256 --model gpt2-10m --batch 8 --seq 256 --steps 2
+run gpt2-10m-B2-T64-accum3 --model gpt2-10m --batch 2 --seq 64 --grad_accum 3 --steps 2
+run gpt2-124m-B1-T128 --model gpt2-124m --batch 1 --seq 128 --steps 1
+exit $fail
