@@ -85,6 +85,19 @@ double mf_sumsq(const float *x, size_t n);
 /* x *= s */
 void mf_scale(float *x, float s, size_t n);
 
+/* Causal attention without the T x T matrix (FlashAttention, Dao 2022):
+ * qkv (B,T,3C) as for mf_attention_forward; out (B,T,C); lse (B,NH,T) gets
+ * each query row's log-sum-exp of its scaled scores, kept for backward. */
+void mf_flash_attention_forward(float *out, float *lse, const float *qkv,
+                                int B, int T, int C, int NH);
+/* dqkv (B,T,3C) overwritten. out and lse from the forward. scratch: at
+ * least mf_flash_attention_scratch_floats(T, C/NH, nthreads) floats, where
+ * nthreads = omp_get_max_threads() when the caller sized it. */
+void mf_flash_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                 const float *out, const float *qkv, const float *lse,
+                                 int B, int T, int C, int NH);
+size_t mf_flash_attention_scratch_floats(int T, int hs, int nthreads);
+
 #ifdef __cplusplus
 }
 #endif

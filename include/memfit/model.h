@@ -58,7 +58,7 @@ typedef struct {
 typedef struct {
     int ln1, ln1_mean, ln1_rstd;  /* (N,C) (N) (N) */
     int qkv;                      /* (N,3C) */
-    int att;                      /* (B,NH,T,T) softmax probabilities */
+    int lse;                      /* (B,NH,T) attention rows' log-sum-exp */
     int atty;                     /* (N,C) attention output before c_proj */
     int xmid;                     /* (N,C) residual after attention (ln_2 input) */
     int ln2, ln2_mean, ln2_rstd;  /* (N,C) (N) (N) */

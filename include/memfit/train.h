@@ -30,6 +30,10 @@ int mf_threads_setup(int threads);
  * the BLAS library's packing buffers exist before the baseline is read. */
 void mf_blas_warmup(int rows, int cols, int inner);
 
+/* The tokenizer named by kind ("gpt2" or "bytes"); GPT-2 files come from
+ * dir, or $MEMFIT_CACHE/gpt2 when dir is empty. NULL on error. */
+mf_tokenizer *mf_tokenizer_open(const char *kind, const char *dir);
+
 /* Tokenizes a text file into a token file (atomic write). */
 int mf_tokenize_file(const mf_tokenizer *tok, const char *text_path, const char *out_path);
 

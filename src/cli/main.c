@@ -263,17 +263,8 @@ static int cmd_tokenize(int argc, char **argv) {
                        : "tokenize needs INPUT.txt and OUTPUT.tok (see memfit tokenize --help)");
         return die(mf_error());
     }
-    mf_tokenizer *tok;
-    if (strcmp(cfg.tokenizer, "bytes") == 0) tok = mf_tokenizer_bytes();
-    else {
-        char dir[MF_PATH_MAX], cache[MF_PATH_MAX], enc[MF_PATH_MAX + 32], bpe[MF_PATH_MAX + 32];
-        if (cfg.tokenizer_dir[0]) snprintf(dir, sizeof dir, "%s", cfg.tokenizer_dir);
-        else snprintf(dir, sizeof dir, "%s/gpt2", mf_cache_dir(cache, sizeof cache));
-        snprintf(enc, sizeof enc, "%s/encoder.json", dir);
-        snprintf(bpe, sizeof bpe, "%s/vocab.bpe", dir);
-        tok = mf_tokenizer_gpt2(enc, bpe);
-        if (!tok) return die(mf_error());
-    }
+    mf_tokenizer *tok = mf_tokenizer_open(cfg.tokenizer[0] ? cfg.tokenizer : "gpt2", cfg.tokenizer_dir);
+    if (!tok) return die(mf_error());
     int rc = 0;
     if (encode) {
         size_t cap = 1 << 16, len = 0;

@@ -200,7 +200,7 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
         ACT(ln1_mean, 1, N, 0, 0, 0);
         ACT(ln1_rstd, 1, N, 0, 0, 0);
         ACT(qkv, 2, N, 3 * C, 0, 0);
-        ACT(att, 4, B, NH, T, T);
+        ACT(lse, 3, B, NH, T, 0);
         ACT(atty, 2, N, C, 0, 0);
         ACT(xmid, 2, N, C, 0, 0);
         ACT(ln2, 2, N, C, 0, 0);
@@ -227,7 +227,7 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
         m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, 4 * C, 0, 0, l0, l1, -1);
         m->dqkv = add(&ad, "work.dqkv", MF_CAT_WORK, MF_DTYPE_F32, 2, N, 3 * C, 0, 0, l0, l1, -1);
         m->attn_scratch = add(&ad, "work.attn_bwd", MF_CAT_WORK, MF_DTYPE_F32, 1,
-                              (int64_t)mf_attention_scratch_floats(T, nthreads), 0, 0, 0, l0, l1, -1);
+                              (int64_t)mf_flash_attention_scratch_floats(T, d->C / d->NH, nthreads), 0, 0, 0, l0, l1, -1);
     }
     if (ad.err) { mf_model_free(m); return -1; }
     return 0;
@@ -282,11 +282,13 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T) {
     mf_layer_acts *A = &m->acts[l];
     mf_arena_phase(a, mf_phase_layer_fwd(m, l));
     float *x = BUF(m->res[l]), *out = BUF(m->res[l + 1]);
-    float *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *att = BUF(A->att), *atty = BUF(A->atty);
+    float *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *lse = BUF(A->lse), *atty = BUF(A->atty);
     float *ln2 = BUF(A->ln2), *fch = BUF(A->fch), *fchg = BUF(A->fch_gelu);
     mf_layernorm_forward(ln1, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
     mf_matmul_forward(qkv, ln1, P(l, QKVW), P(l, QKVB), N, C, 3 * C, 0);
-    mf_attention_forward(atty, att, qkv, B, T, C, NH);
+    /* FlashAttention: only the output and each row's log-sum-exp are kept;
+     * the T x T scores are recomputed tile by tile in backward */
+    mf_flash_attention_forward(atty, lse, qkv, B, T, C, NH);
     /* xmid = x + atty @ Wproj + b: the projection is added straight into the
      * residual stream, so it never needs a buffer of its own; xmid is kept
      * because ln_2's backward needs its input */
@@ -346,7 +348,8 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
                               BUF(A->ln2_mean), BUF(A->ln2_rstd), N, C);
         /* attention: xmid = x + attn(ln1(x)) @ Wproj + b */
         mf_matmul_backward(dln, G(l, PROJW), G(l, PROJB), dres, BUF(A->atty), P(l, PROJW), N, C, C);
-        mf_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->qkv), BUF(A->att), B, T, C, NH);
+        mf_flash_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
+                                    B, T, C, NH);
         mf_matmul_backward(dln, G(l, QKVW), G(l, QKVB), dqkv, BUF(A->ln1), P(l, QKVW), N, C, 3 * C);
         mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->res[l]), P(l, LN1W),
                               BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);

@@ -63,16 +63,22 @@ int mf_train_plan(const mf_config *cfg, mf_mode mode, int nthreads,
 
 static int file_exists(const char *p) { struct stat st; return stat(p, &st) == 0; }
 
+mf_tokenizer *mf_tokenizer_open(const char *kind, const char *dir) {
+    if (strcmp(kind, "bytes") == 0) return mf_tokenizer_bytes();
+    char d[MF_PATH_MAX], enc[MF_PATH_MAX + 32], bpe[MF_PATH_MAX + 32], cache[MF_PATH_MAX];
+    if (dir && dir[0]) snprintf(d, sizeof d, "%s", dir);
+    else snprintf(d, sizeof d, "%s/gpt2", mf_cache_dir(cache, sizeof cache));
+    snprintf(enc, sizeof enc, "%s/encoder.json", d);
+    snprintf(bpe, sizeof bpe, "%s/vocab.bpe", d);
+    if (!file_exists(enc) || !file_exists(bpe)) {
+        mf_fail("GPT-2 tokenizer files not found in %s (run scripts/fetch_data.sh, or set tokenizer_dir)", d);
+        return NULL;
+    }
+    return mf_tokenizer_gpt2(enc, bpe);
+}
+
 static int load_tokenizer(mf_trainer *t) {
-    if (strcmp(t->d.tokenizer, "bytes") == 0) { t->tok = mf_tokenizer_bytes(); return 0; }
-    char dir[MF_PATH_MAX], enc[MF_PATH_MAX + 32], bpe[MF_PATH_MAX + 32], cache[MF_PATH_MAX];
-    if (t->cfg.tokenizer_dir[0]) snprintf(dir, sizeof dir, "%s", t->cfg.tokenizer_dir);
-    else snprintf(dir, sizeof dir, "%s/gpt2", mf_cache_dir(cache, sizeof cache));
-    snprintf(enc, sizeof enc, "%s/encoder.json", dir);
-    snprintf(bpe, sizeof bpe, "%s/vocab.bpe", dir);
-    if (!file_exists(enc) || !file_exists(bpe))
-        return mf_fail("GPT-2 tokenizer files not found in %s (run scripts/fetch_data.sh, or set tokenizer_dir)", dir);
-    t->tok = mf_tokenizer_gpt2(enc, bpe);
+    t->tok = mf_tokenizer_open(t->d.tokenizer, t->cfg.tokenizer_dir);
     return t->tok ? 0 : -1;
 }
 
