@@ -50,6 +50,24 @@ int main(void) {
     unlink(path);
     CHECK(mf_config_load_yaml(&c, "/nonexistent/x.yaml") < 0, "missing file accepted");
 
+    /* the YAML a checkpoint stores reads back to the same config */
+    mf_config a, b;
+    mf_config_defaults(&a);
+    mf_config_set(&a, "prompt", "He said \"call me\" \\ then left");
+    mf_config_set(&a, "lr", "0.000123456789");
+    mf_config_set(&a, "budget", "3GiB");
+    static char yml[1 << 16];
+    CHECK(mf_config_to_yaml(&a, yml, sizeof yml) == 0, "%s", mf_error());
+    char ypath[] = "/tmp/memfit-yml-XXXXXX";
+    int yfd = mkstemp(ypath);
+    CHECK(write(yfd, yml, strlen(yml)) == (ssize_t)strlen(yml), "write");
+    close(yfd);
+    mf_config_defaults(&b);
+    CHECK(mf_config_load_yaml(&b, ypath) == 0, "%s", mf_error());
+    CHECK(strcmp(a.prompt, b.prompt) == 0, "prompt round trip: '%s'", b.prompt);
+    CHECK(a.lr == b.lr && a.budget == b.budget && a.seed == b.seed, "numbers round trip");
+    unlink(ypath);
+
     /* warm-up then cosine to min_lr_frac */
     mf_config_defaults(&c);
     c.lr = 1.0; c.warmup = 10; c.steps = 110; c.min_lr_frac = 0.1;

@@ -280,7 +280,18 @@ int mf_config_to_yaml(const mf_config *c, char *buf, size_t n) {
         case T_FLOAT: w = snprintf(buf + len, n - len, "%s: %.17g\n", r->key, *(const double *)base); break;
         case T_U64: w = snprintf(buf + len, n - len, "%s: %llu\n", r->key, (unsigned long long)*(const uint64_t *)base); break;
         case T_SIZE: w = snprintf(buf + len, n - len, "%s: %zu\n", r->key, *(const size_t *)base); break;
-        case T_STR: w = snprintf(buf + len, n - len, "%s: \"%s\"\n", r->key, base); break;
+        case T_STR: {
+            /* YAML double-quoted scalar: escape backslashes and quotes */
+            char esc[2 * MF_PATH_MAX + 2];
+            size_t k = 0;
+            for (const char *q = base; *q && k + 2 < sizeof esc; q++) {
+                if (*q == '"' || *q == '\\') esc[k++] = '\\';
+                esc[k++] = *q;
+            }
+            esc[k] = 0;
+            w = snprintf(buf + len, n - len, "%s: \"%s\"\n", r->key, esc);
+            break;
+        }
         }
         if (w < 0 || (size_t)w >= n - len) return mf_fail("config does not fit in %zu bytes", n);
         len += (size_t)w;
