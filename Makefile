@@ -2,6 +2,7 @@
 # `make test` runs the whole suite (plain build, then ASan + UBSan build).
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
+MAKEFLAGS += --no-print-directory
 export MEMFIT_CACHE ?= $(HOME)/.cache/memfit
 
 .PHONY: all deps-build deps-test data demo test bench clean

@@ -89,7 +89,8 @@ int main(void) {
     snprintf(p, sizeof p, "%s/weights.safetensors", dir);
     mf_config_set(&c, "init", p);
 
-    /* logits, loss and gradients at the initial weights */
+    /* logits, loss and gradients at the initial weights, all logits at once */
+    mf_config_set(&c, "loss_chunk", "0");
     mf_trainer t;
     if (mf_trainer_init(&t, &c, MF_MODE_TRAIN)) { fprintf(stderr, "%s\n", mf_error()); return 1; }
     snprintf(p, sizeof p, "%s/ref.safetensors", dir);
@@ -131,6 +132,8 @@ int main(void) {
     cJSON *j = js ? cJSON_Parse(js) : NULL;
     cJSON *losses = j ? cJSON_GetObjectItem(j, "losses") : NULL;
     CHECK(cJSON_GetArraySize(losses) == 10, "ref.json losses");
+    /* the training steps run the loss 7 rows at a time (48 = 6 x 7 + 6) */
+    mf_config_set(&c, "loss_chunk", "7");
     if (mf_trainer_init(&t, &c, MF_MODE_TRAIN)) { fprintf(stderr, "%s\n", mf_error()); return 1; }
     for (int s = 0; s < 10 && losses; s++) {
         mf_step_stats st;

@@ -77,6 +77,8 @@ typedef struct {
     int *res;             /* L+1 residual streams (N,C); res[0] = embeddings */
     mf_layer_acts *acts;  /* L */
     int lnf, lnf_mean, lnf_rstd, logits, losses;
+    int chunk_rows;       /* logits rows that exist at once (loss_chunk) */
+    int logits_all;       /* last sampling forward computed every row */
     int dres, dln, dbig, dqkv, attn_scratch; /* backward scratch, one layer's worth */
 } mf_model;
 
@@ -94,7 +96,7 @@ const char *mf_phase_name(const mf_model *m, int ph, char *buf, size_t n);
  * initialised with mf_model_n_phases). */
 int mf_model_n_phases(const mf_dims *d, mf_mode mode);
 int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
-                  mf_mode mode, int nthreads);
+                  mf_mode mode, int nthreads, int loss_chunk);
 void mf_model_free(mf_model *m);
 
 /* GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
@@ -109,7 +111,9 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed);
 double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets, float dscale);
 /* Backward of the last forward; accumulates into the gradients. */
 void mf_model_backward(mf_model *m, mf_arena *a, int B, int T);
-/* Logits row of (b, t) after a forward (valid until the next phase change). */
+/* Logits row of (b, t) after a forward without targets (valid until the next
+ * phase change). Every row exists when B*T <= chunk_rows; otherwise only each
+ * sequence's last position (t = T-1). */
 const float *mf_model_logits(mf_model *m, mf_arena *a, int T, int b, int t);
 void mf_model_zero_grads(mf_model *m, mf_arena *a);
 

@@ -3,7 +3,8 @@
  * Phases of a micro-step (lifetimes in the plan are ranges of these):
  *   0            embedding forward
  *   1 .. L       layer l forward at 1+l
- *   L+1          head forward (ln_f, logits, loss, dlogits)
+ *   L+1          head forward (ln_f; logits, loss and the classifier's
+ *                backward, a chunk of rows at a time)
  *   L+2          head backward
  *   L+3 .. 2L+2  layer l backward at 2L+2-l (top layer first)
  *   2L+3         embedding backward
@@ -131,7 +132,7 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
 }
 
 int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
-                  mf_mode mode, int nthreads) {
+                  mf_mode mode, int nthreads, int loss_chunk) {
     memset(m, 0, sizeof *m);
     if (B < 1 || T < 1) return mf_fail("batch and seq must be >= 1 (got %d, %d)", B, T);
     if (T > d->maxT) return mf_fail("seq %d exceeds the model's block_size %d", T, d->maxT);
@@ -140,6 +141,10 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     m->T = T;
     m->mode = mode;
     m->nthreads = nthreads;
+    /* rows of logits that exist at once; at least one per sequence so a
+     * sampling forward can hold each sequence's last position */
+    int64_t R = loss_chunk > 0 && loss_chunk < B * T ? loss_chunk : (int64_t)B * T;
+    m->chunk_rows = (int)(R < B ? B : R);
     m->n_phases = mf_model_n_phases(d, mode);
     if (plan->n_phases != m->n_phases) return mf_fail("plan has %d phases, model needs %d", plan->n_phases, m->n_phases);
     int L = d->L;
@@ -214,8 +219,9 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     m->lnf = add(&ad, "act.ln_f", MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, hf, hb, -1);
     m->lnf_mean = add(&ad, "act.ln_f_mean", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
     m->lnf_rstd = add(&ad, "act.ln_f_rstd", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
-    /* logits become dlogits in place, so they live into the head backward */
-    m->logits = add(&ad, "act.logits", MF_CAT_ACTS, MF_DTYPE_F32, 2, N, d->Vp, 0, 0, hf, hb, -1);
+    /* the classifier and its loss run a chunk of rows at a time, backward
+     * included, so at most chunk_rows x Vp logits exist, only in this phase */
+    m->logits = add(&ad, "work.logits", MF_CAT_WORK, MF_DTYPE_F32, 2, m->chunk_rows, d->Vp, 0, 0, hf, hf, -1);
     m->losses = add(&ad, "work.losses", MF_CAT_WORK, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hf, -1);
 
     m->dres = m->dln = m->dbig = m->dqkv = m->attn_scratch = -1;
@@ -223,7 +229,7 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
         /* one layer's worth of activation gradients, reused down the stack */
         int b0 = mf_phase_head_bwd(m), l0 = mf_phase_layer_bwd(m, L - 1), l1 = mf_phase_layer_bwd(m, 0);
         m->dres = add(&ad, "work.dresidual", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, b0, mf_phase_emb_bwd(m), -1);
-        m->dln = add(&ad, "work.dln", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, b0, l1, -1);
+        m->dln = add(&ad, "work.dln", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, hf, l1, -1);
         m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, 4 * C, 0, 0, l0, l1, -1);
         m->dqkv = add(&ad, "work.dqkv", MF_CAT_WORK, MF_DTYPE_F32, 2, N, 3 * C, 0, 0, l0, l1, -1);
         m->attn_scratch = add(&ad, "work.attn_bwd", MF_CAT_WORK, MF_DTYPE_F32, 1,
@@ -320,10 +326,29 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     float *lnf = BUF(m->lnf), *logits = BUF(m->logits);
     mf_layernorm_forward(lnf, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
                          tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
-    mf_classifier_forward(logits, lnf, tensor_p(m, a, WTE), N, C, m->d.Vp);
-    if (!use_targets) return 0.0;
+    const float *wte = tensor_p(m, a, WTE);
+    int R = m->chunk_rows, Vp = m->d.Vp;
+    if (!use_targets) {
+        /* sampling: every row if they fit at once, else each sequence's last */
+        m->logits_all = R >= N;
+        if (m->logits_all) mf_classifier_forward(logits, lnf, wte, N, C, Vp);
+        else
+            for (int b = 0; b < B; b++)
+                mf_classifier_forward(logits + (size_t)b * Vp, lnf + ((size_t)b * T + T - 1) * C, wte, 1, C, Vp);
+        return 0.0;
+    }
+    if (dscale != 0.0f && m->mode != MF_MODE_TRAIN) mf_panic("training forward on a forward-only plan");
     const int32_t *tgt = mf_arena_get(a, m->targets);
-    double sum = mf_crossentropy_forward(logits, BUF(m->losses), tgt, N, m->d.V, m->d.Vp, dscale);
+    float *losses = BUF(m->losses), *dln = dscale != 0.0f ? BUF(m->dln) : NULL, *dwte = dln ? tensor_g(m, a, WTE) : NULL;
+    double sum = 0;
+    for (int r0 = 0; r0 < N; r0 += R) {
+        int rows = N - r0 < R ? N - r0 : R;
+        const float *x = lnf + (size_t)r0 * C;
+        mf_classifier_forward(logits, x, wte, rows, C, Vp);
+        sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
+        if (dln) mf_classifier_backward(dln + (size_t)r0 * C, dwte, logits, x, wte, rows, C, Vp);
+    }
+    m->logits_all = 0;
     return sum / N;
 }
 
@@ -331,8 +356,8 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     if (m->mode != MF_MODE_TRAIN) mf_panic("backward on a forward-only plan");
     int C = m->d.C, NH = m->d.NH, N = B * T, L = m->d.L;
     mf_arena_phase(a, mf_phase_head_bwd(m));
-    float *dlogits = BUF(m->logits), *dln = BUF(m->dln), *dres = BUF(m->dres);
-    mf_classifier_backward(dln, tensor_g(m, a, WTE), dlogits, BUF(m->lnf), tensor_p(m, a, WTE), N, C, m->d.Vp);
+    /* the classifier's backward ran with the loss; dln holds d(ln_f output) */
+    float *dln = BUF(m->dln), *dres = BUF(m->dres);
     memset(dres, 0, (size_t)N * C * sizeof(float));
     mf_layernorm_backward(dres, tensor_g(m, a, LNF_W), tensor_g(m, a, LNF_B), dln, BUF(m->res[L]),
                           tensor_p(m, a, LNF_W), BUF(m->lnf_mean), BUF(m->lnf_rstd), N, C);
@@ -359,5 +384,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
 }
 
 const float *mf_model_logits(mf_model *m, mf_arena *a, int T, int b, int t) {
-    return BUF(m->logits) + ((size_t)b * T + t) * m->d.Vp;
+    if (m->logits_all) return BUF(m->logits) + ((size_t)b * T + t) * m->d.Vp;
+    if (t != T - 1) mf_panic("logits of row %d were not computed (only each sequence's last)", t);
+    return BUF(m->logits) + (size_t)b * m->d.Vp;
 }
