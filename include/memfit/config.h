@@ -47,6 +47,7 @@ typedef struct {
     int threads;
     char blas_coretype[16];
     int loss_chunk;           /* logits rows computed at a time (0 = all) */
+    char recompute[16];       /* none | full */
     int log_every;
     int progress;             /* -1 auto (terminal), 0 off, 1 on */
     unsigned char set_by_user[96]; /* per table row: 1 if file or flag set it */

@@ -43,6 +43,13 @@ int64_t mf_model_n_params(const mf_dims *d);
 
 typedef enum { MF_MODE_TRAIN, MF_MODE_INFER } mf_mode;
 
+/* Activation checkpointing (Chen et al. 2016). NONE keeps every activation
+ * the backward needs; FULL keeps only each block's input and recomputes the
+ * block inside its backward, with one layer's activations shared by all. */
+typedef enum { MF_RECOMPUTE_NONE, MF_RECOMPUTE_FULL } mf_recompute;
+/* Parses "none" / "full"; -1 with a message otherwise. */
+int mf_recompute_parse(const char *s, mf_recompute *out);
+
 #define MF_LAYER_TENSORS 12
 
 typedef struct {
@@ -78,6 +85,7 @@ typedef struct {
     mf_layer_acts *acts;  /* L */
     int lnf, lnf_mean, lnf_rstd, logits, losses;
     int chunk_rows;       /* logits rows that exist at once (loss_chunk) */
+    mf_recompute recompute;
     int logits_all;       /* last sampling forward computed every row */
     int dres, dln, dbig, dqkv, attn_scratch; /* backward scratch, one layer's worth */
 } mf_model;
@@ -96,7 +104,7 @@ const char *mf_phase_name(const mf_model *m, int ph, char *buf, size_t n);
  * initialised with mf_model_n_phases). */
 int mf_model_n_phases(const mf_dims *d, mf_mode mode);
 int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
-                  mf_mode mode, int nthreads, int loss_chunk);
+                  mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute);
 void mf_model_free(mf_model *m);
 
 /* GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),

@@ -62,6 +62,13 @@ int mf_model_dims(const mf_config *cfg, mf_dims *d) {
     return 0;
 }
 
+int mf_recompute_parse(const char *s, mf_recompute *out) {
+    if (strcmp(s, "none") == 0) *out = MF_RECOMPUTE_NONE;
+    else if (strcmp(s, "full") == 0) *out = MF_RECOMPUTE_FULL;
+    else return mf_fail("recompute '%s' is not one of none, full", s);
+    return 0;
+}
+
 int64_t mf_model_n_params(const mf_dims *d) {
     int64_t C = d->C;
     return (int64_t)d->V * C + (int64_t)d->maxT * C + d->L * (12 * C * C + 13 * C) + 2 * C;
@@ -132,7 +139,7 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
 }
 
 int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
-                  mf_mode mode, int nthreads, int loss_chunk) {
+                  mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute) {
     memset(m, 0, sizeof *m);
     if (B < 1 || T < 1) return mf_fail("batch and seq must be >= 1 (got %d, %d)", B, T);
     if (T > d->maxT) return mf_fail("seq %d exceeds the model's block_size %d", T, d->maxT);
@@ -141,6 +148,7 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     m->T = T;
     m->mode = mode;
     m->nthreads = nthreads;
+    m->recompute = recompute;
     /* rows of logits that exist at once; at least one per sequence so a
      * sampling forward can hold each sequence's last position */
     int64_t R = loss_chunk > 0 && loss_chunk < B * T ? loss_chunk : (int64_t)B * T;
@@ -195,12 +203,18 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
         snprintf(nm, sizeof nm, j == 0 ? "act.embed" : "act.h.%d.out", j - 1);
         m->res[j] = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, first, lastp, j - 1);
     }
-    for (int l = 0; l < L; l++) {
+    /* recompute "full": one layer's activations, shared by every layer's
+     * forward and by its recomputation in backward; only the residual
+     * stream (each block's input) is kept across the step */
+    int shared = train && m->recompute == MF_RECOMPUTE_FULL;
+    for (int l = 0; l < (shared ? 1 : L); l++) {
         int f = mf_phase_layer_fwd(m, l), e = train ? mf_phase_layer_bwd(m, l) : f;
+        if (shared) f = mf_phase_layer_fwd(m, 0), e = mf_phase_layer_bwd(m, 0);
         mf_layer_acts *A = &m->acts[l];
 #define ACT(field, nd, a0, a1, a2, a3) \
-        snprintf(nm, sizeof nm, "act.h.%d." #field, l); \
-        A->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f, e, l)
+        if (shared) snprintf(nm, sizeof nm, "act.layer." #field); \
+        else snprintf(nm, sizeof nm, "act.h.%d." #field, l); \
+        A->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f, e, shared ? -1 : l)
         ACT(ln1, 2, N, C, 0, 0);
         ACT(ln1_mean, 1, N, 0, 0, 0);
         ACT(ln1_rstd, 1, N, 0, 0, 0);
@@ -215,6 +229,7 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
         ACT(fch_gelu, 2, N, 4 * C, 0, 0);
 #undef ACT
     }
+    for (int l = 1; shared && l < L; l++) m->acts[l] = m->acts[0];
     int hf = mf_phase_head_fwd(m), hb = train ? mf_phase_head_bwd(m) : hf;
     m->lnf = add(&ad, "act.ln_f", MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, hf, hb, -1);
     m->lnf_mean = add(&ad, "act.ln_f_mean", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
@@ -283,11 +298,14 @@ void mf_model_zero_grads(mf_model *m, mf_arena *a) {
 #define BUF(id) ((float *)mf_arena_get(a, (id)))
 enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB };
 
-static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T) {
+/* recompute != 0: the pass inside layer l's backward that rebuilds its
+ * activations; it stays in the backward phase and leaves the layer's output
+ * (the next block's input, no longer alive) unwritten */
+static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute) {
     int C = m->d.C, NH = m->d.NH, N = B * T;
     mf_layer_acts *A = &m->acts[l];
-    mf_arena_phase(a, mf_phase_layer_fwd(m, l));
-    float *x = BUF(m->res[l]), *out = BUF(m->res[l + 1]);
+    if (!recompute) mf_arena_phase(a, mf_phase_layer_fwd(m, l));
+    float *x = BUF(m->res[l]);
     float *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *lse = BUF(A->lse), *atty = BUF(A->atty);
     float *ln2 = BUF(A->ln2), *fch = BUF(A->fch), *fchg = BUF(A->fch_gelu);
     mf_layernorm_forward(ln1, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
@@ -304,6 +322,8 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T) {
     mf_layernorm_forward(ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), xmid, P(l, LN2W), P(l, LN2B), N, C);
     mf_matmul_forward(fch, ln2, P(l, FCW), P(l, FCB), N, C, 4 * C, 0);
     mf_gelu_forward(fchg, fch, (size_t)N * 4 * C);
+    if (recompute) return;
+    float *out = BUF(m->res[l + 1]);
     memcpy(out, xmid, (size_t)N * C * sizeof(float));
     mf_matmul_forward(out, fchg, P(l, FCPW), P(l, FCPB), N, 4 * C, C, 1);
 }
@@ -321,7 +341,7 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     mf_arena_phase(a, mf_phase_emb_fwd(m));
     const int32_t *inp = mf_arena_get(a, m->inputs);
     mf_encoder_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), tensor_p(m, a, WPE), B, T, C);
-    for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T);
+    for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T, 0);
     mf_arena_phase(a, mf_phase_head_fwd(m));
     float *lnf = BUF(m->lnf), *logits = BUF(m->logits);
     mf_layernorm_forward(lnf, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
@@ -363,6 +383,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
                           tensor_p(m, a, LNF_W), BUF(m->lnf_mean), BUF(m->lnf_rstd), N, C);
     for (int l = L - 1; l >= 0; l--) {
         mf_arena_phase(a, mf_phase_layer_bwd(m, l));
+        if (m->recompute == MF_RECOMPUTE_FULL) layer_forward(m, a, l, B, T, 1);
         mf_layer_acts *A = &m->acts[l];
         float *dbig = BUF(m->dbig), *dqkv = BUF(m->dqkv);
         /* MLP: out = xmid + gelu(ln2 @ Wfc + b) @ Wfcp + b */

@@ -56,7 +56,9 @@ int mf_train_plan(const mf_config *cfg, mf_mode mode, int nthreads,
     if (mf_model_dims(cfg, d)) return -1;
     int T = cfg->seq ? cfg->seq : d->maxT;
     if (mf_plan_init(plan, mf_model_n_phases(d, mode))) return -1;
-    if (mf_model_plan(model, plan, d, cfg->batch, T, mode, nthreads, cfg->loss_chunk)) { mf_plan_free(plan); return -1; }
+    mf_recompute rc;
+    if (mf_recompute_parse(cfg->recompute, &rc)) { mf_plan_free(plan); return -1; }
+    if (mf_model_plan(model, plan, d, cfg->batch, T, mode, nthreads, cfg->loss_chunk, rc)) { mf_plan_free(plan); return -1; }
     mf_plan_layout(plan);
     return 0;
 }
@@ -209,7 +211,9 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     t->ledger.rss_baseline = mf_rss_current();
 
     if (mf_plan_init(&t->plan, mf_model_n_phases(&t->d, mode))) goto fail;
-    if (mf_model_plan(&t->model, &t->plan, &t->d, t->B, t->T, mode, t->nthreads, cfg->loss_chunk)) goto fail;
+    mf_recompute rc;
+    if (mf_recompute_parse(cfg->recompute, &rc)) goto fail;
+    if (mf_model_plan(&t->model, &t->plan, &t->d, t->B, t->T, mode, t->nthreads, cfg->loss_chunk, rc)) goto fail;
     mf_plan_layout(&t->plan);
     if (mf_plan_check_budget(&t->plan, t->ledger.rss_baseline, cfg->budget)) goto fail;
     if (mf_arena_init(&t->arena, &t->plan, &t->ledger)) goto fail;
