@@ -25,15 +25,7 @@ static float *grads(const char *data, const char *B, const char *accum, size_t *
         *loss += mf_model_forward(&t.model, &t.arena, t.B, t.T, 1, dscale) / k;
         mf_model_backward(&t.model, &t.arena, t.B, t.T);
     }
-    size_t n = 0;
-    for (int i = 0; i < t.model.n_tensors; i++) n += (size_t)t.model.tensors[i].numel;
-    float *g = malloc(n * sizeof *g), *p = g;
-    for (int i = 0; i < t.model.n_tensors; i++) {
-        size_t m = (size_t)t.model.tensors[i].numel;
-        memcpy(p, mf_arena_ptr(&t.arena, t.model.tensors[i].g), m * sizeof *p);
-        p += m;
-    }
-    *n_out = n;
+    float *g = tu_copy_tensors(&t, 1, n_out);
     mf_trainer_free(&t);
     return g;
 }

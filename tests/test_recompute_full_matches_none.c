@@ -23,16 +23,7 @@ static void run(const char *data, const char *policy, double *losses, float **w,
     }
     *acts = t.plan.peak_cat[MF_CAT_ACTS];
     *peak_ok = t.ledger.peak_total == t.plan.peak_bytes;
-    size_t n = 0;
-    for (int i = 0; i < t.model.n_tensors; i++) n += (size_t)t.model.tensors[i].numel;
-    *w = malloc(n * sizeof **w);
-    float *p = *w;
-    for (int i = 0; i < t.model.n_tensors; i++) {
-        size_t m = (size_t)t.model.tensors[i].numel;
-        memcpy(p, mf_arena_ptr(&t.arena, t.model.tensors[i].p), m * sizeof *p);
-        p += m;
-    }
-    *nw = n;
+    *w = tu_copy_tensors(&t, 0, nw);
     mf_trainer_free(&t);
 }
 

@@ -10,6 +10,7 @@
 #include "memfit/config.h"
 #include "memfit/core.h"
 #include "memfit/data.h"
+#include "memfit/train.h"
 
 /* Writes n pseudo-random byte-level ids with some structure (so the loss
  * can fall) to a fresh temp file; path receives its name. */
@@ -47,5 +48,19 @@ static inline void tu_tiny_config(mf_config *c, const char *data) {
     mf_config_set(c, "val_every", "0");
     mf_config_set(c, "threads", "2");
     mf_config_set(c, "data", data);
+}
+/* A copy of every parameter (grads = 0) or gradient (grads = 1), in table
+ * order, as one array; *n receives its length. */
+static inline float *tu_copy_tensors(const mf_trainer *t, int grads, size_t *n) {
+    size_t total = 0;
+    for (int i = 0; i < t->model.n_tensors; i++) total += (size_t)t->model.tensors[i].numel;
+    float *out = malloc(total * sizeof *out), *p = out;
+    for (int i = 0; out && i < t->model.n_tensors; i++) {
+        const mf_tensor *x = &t->model.tensors[i];
+        memcpy(p, mf_arena_ptr(&t->arena, grads ? x->g : x->p), (size_t)x->numel * sizeof *p);
+        p += x->numel;
+    }
+    *n = total;
+    return out;
 }
 #endif
