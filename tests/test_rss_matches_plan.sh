@@ -30,4 +30,7 @@ run gpt2-1m --model gpt2-1m --steps 3
 run gpt2-10m-B8-T256 --model gpt2-10m --batch 8 --seq 256 --steps 2
 run gpt2-10m-B2-T64-accum3 --model gpt2-10m --batch 2 --seq 64 --grad_accum 3 --steps 2
 run gpt2-124m-B1-T128 --model gpt2-124m --batch 1 --seq 128 --steps 1
+# loading a checkpoint after the arena exists must not add the file to the peak
+run gpt2-10m-save --model gpt2-10m --batch 4 --seq 128 --steps 1 --out_dir "$W/ck"
+run gpt2-10m-resume --model gpt2-10m --batch 4 --seq 128 --steps 2 --resume "$W/ck/checkpoint.safetensors"
 exit $fail

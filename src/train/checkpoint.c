@@ -9,6 +9,8 @@
 #include "memfit/train.h"
 
 #include <inttypes.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,6 +69,23 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *s) {
     if (len < n) snprintf(buf + len, n - len, "]");
 }
 
+/* Copies from the file's read-only map a few MiB at a time and hands each
+ * copied stretch's pages back to the kernel, so loading a checkpoint after
+ * the arena exists adds at most one stretch to the process's peak RSS
+ * instead of the whole file. */
+static void copy_and_drop(void *dst, const void *src, size_t n) {
+    const size_t step = 4u << 20;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (size_t off = 0; off < n; off += step) {
+        size_t len = n - off < step ? n - off : step;
+        memcpy((char *)dst + off, (const char *)src + off, len);
+        uintptr_t lo = (uintptr_t)src + off, hi = lo + len;
+        lo &= ~(page - 1);
+        hi = (hi + page - 1) & ~(page - 1);
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);  /* file-backed: re-read if touched again */
+    }
+}
+
 /* Copies tensor `name` (prefix + Hugging Face name) into buffer `id`. */
 static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *path, const char *prefix,
                        const mf_tensor *x, int id) {
@@ -90,7 +109,7 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
                        mf_dtype_name(s->dtype), a, b);
     }
     float *dst = mf_arena_ptr(&t->arena, id);
-    memcpy(dst, s->data, s->nbytes);
+    copy_and_drop(dst, s->data, s->nbytes);
     /* padding rows (wte beyond V) stay zero */
     size_t rest = (size_t)(x->numel * (int64_t)sizeof(float)) - s->nbytes;
     if (rest) memset((char *)dst + s->nbytes, 0, rest);
