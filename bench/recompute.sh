@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Activation checkpointing: recompute none vs full on one model, alternating
+# Activation checkpointing: recompute none, selective and full on one model, alternating
 # A B A B in one run. Prints planned activation bytes, peak RSS, median
 # tokens/s and the recompute overhead.
 #   bench/recompute.sh [MODEL] [BATCH] [SEQ]      (default gpt2-124m 4 256)
@@ -13,17 +13,17 @@ trap 'rm -rf "$W"' EXIT
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 echo "config:  $MODEL batch $B seq $T, $STEPS steps per run (first untimed), $ROUNDS rounds, $THREADS threads"
 for r in $(seq "$ROUNDS"); do
-  for p in none full; do
+  for p in none selective full; do
     "$M" train --model "$MODEL" --batch "$B" --seq "$T" --steps "$STEPS" --threads "$THREADS" --recompute "$p" \
       --sample_tokens 0 --val_every 0 --val_batches 1 --progress 0 --metrics "$W/$p.$r.jsonl" > /dev/null
   done
 done
-for p in none full; do "$M" estimate --model "$MODEL" --batch "$B" --seq "$T" --recompute "$p" --json > "$W/$p.est"; done
+for p in none selective full; do "$M" estimate --model "$MODEL" --batch "$B" --seq "$T" --recompute "$p" --json > "$W/$p.est"; done
 /usr/bin/python3 - "$W" "$ROUNDS" <<'PY'
 import json, statistics, sys
 w, rounds = sys.argv[1], int(sys.argv[2])
 res = {}
-for p in ("none", "full"):
+for p in ("none", "selective", "full"):
     tok, rss = [], []
     for r in range(1, rounds + 1):
         L = [json.loads(l) for l in open("%s/%s.%d.jsonl" % (w, p, r))]
@@ -32,8 +32,9 @@ for p in ("none", "full"):
     est = json.load(open("%s/%s.est" % (w, p)))
     res[p] = (est["activations"], max(rss), statistics.median(tok))
 print("%-6s %14s %12s %14s %10s" % ("policy", "activations", "peak RSS", "tokens/s (med)", "overhead"))
-for p in ("none", "full"):
+for p in ("none", "selective", "full"):
     a, r, t = res[p]
     print("%-6s %10.1f MiB %8.2f GiB %14.1f %9.1f%%" % (p, a / 2**20, r / 2**30, t, 100.0 * (res["none"][2] / t - 1)))
-print("full vs none: activations %.2fx smaller" % (res["none"][0] / res["full"][0]))
+for p in ("selective", "full"):
+    print("%s vs none: activations %.2fx smaller" % (p, res["none"][0] / res[p][0]))
 PY

@@ -44,10 +44,13 @@ int64_t mf_model_n_params(const mf_dims *d);
 typedef enum { MF_MODE_TRAIN, MF_MODE_INFER } mf_mode;
 
 /* Activation checkpointing (Chen et al. 2016). NONE keeps every activation
- * the backward needs; FULL keeps only each block's input and recomputes the
- * block inside its backward, with one layer's activations shared by all. */
-typedef enum { MF_RECOMPUTE_NONE, MF_RECOMPUTE_FULL } mf_recompute;
-/* Parses "none" / "full"; -1 with a message otherwise. */
+ * the backward needs; SELECTIVE keeps the matmul outputs and rebuilds the
+ * LayerNorm and GELU outputs in backward; FULL keeps only each block's input
+ * and recomputes the block inside its backward. Rebuilt activations live in
+ * one layer's worth of buffers shared by all layers. (Attention never keeps
+ * its T x T scores: the FlashAttention kernel recomputes them.) */
+typedef enum { MF_RECOMPUTE_NONE, MF_RECOMPUTE_SELECTIVE, MF_RECOMPUTE_FULL } mf_recompute;
+/* Parses "none" / "selective" / "full"; -1 with a message otherwise. */
 int mf_recompute_parse(const char *s, mf_recompute *out);
 
 #define MF_LAYER_TENSORS 12

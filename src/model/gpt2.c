@@ -64,8 +64,9 @@ int mf_model_dims(const mf_config *cfg, mf_dims *d) {
 
 int mf_recompute_parse(const char *s, mf_recompute *out) {
     if (strcmp(s, "none") == 0) *out = MF_RECOMPUTE_NONE;
+    else if (strcmp(s, "selective") == 0) *out = MF_RECOMPUTE_SELECTIVE;
     else if (strcmp(s, "full") == 0) *out = MF_RECOMPUTE_FULL;
-    else return mf_fail("recompute '%s' is not one of none, full", s);
+    else return mf_fail("recompute '%s' is not one of none, selective, full", s);
     return 0;
 }
 
@@ -203,33 +204,39 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
         snprintf(nm, sizeof nm, j == 0 ? "act.embed" : "act.h.%d.out", j - 1);
         m->res[j] = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, first, lastp, j - 1);
     }
-    /* recompute "full": one layer's activations, shared by every layer's
-     * forward and by its recomputation in backward; only the residual
-     * stream (each block's input) is kept across the step */
-    int shared = train && m->recompute == MF_RECOMPUTE_FULL;
-    for (int l = 0; l < (shared ? 1 : L); l++) {
+    /* Rows that backward rebuilds instead of keeping are "shared": one
+     * layer's worth, alive over every layer phase, used by each layer's
+     * forward and by the rebuild inside its backward. "full" shares them
+     * all (only the residual stream is kept per layer); "selective" shares
+     * the cheap element-wise outputs (LayerNorm outputs, GELU output) and
+     * keeps the matmul outputs. */
+    int full = train && m->recompute == MF_RECOMPUTE_FULL, sel = train && m->recompute == MF_RECOMPUTE_SELECTIVE;
+    for (int l = 0; l < L; l++) {
         int f = mf_phase_layer_fwd(m, l), e = train ? mf_phase_layer_bwd(m, l) : f;
-        if (shared) f = mf_phase_layer_fwd(m, 0), e = mf_phase_layer_bwd(m, 0);
+        int f0 = mf_phase_layer_fwd(m, 0), e0 = mf_phase_layer_bwd(m, 0);
         mf_layer_acts *A = &m->acts[l];
-#define ACT(field, nd, a0, a1, a2, a3) \
-        if (shared) snprintf(nm, sizeof nm, "act.layer." #field); \
-        else snprintf(nm, sizeof nm, "act.h.%d." #field, l); \
-        A->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f, e, shared ? -1 : l)
-        ACT(ln1, 2, N, C, 0, 0);
-        ACT(ln1_mean, 1, N, 0, 0, 0);
-        ACT(ln1_rstd, 1, N, 0, 0, 0);
-        ACT(qkv, 2, N, 3 * C, 0, 0);
-        ACT(lse, 3, B, NH, T, 0);
-        ACT(atty, 2, N, C, 0, 0);
-        ACT(xmid, 2, N, C, 0, 0);
-        ACT(ln2, 2, N, C, 0, 0);
-        ACT(ln2_mean, 1, N, 0, 0, 0);
-        ACT(ln2_rstd, 1, N, 0, 0, 0);
-        ACT(fch, 2, N, 4 * C, 0, 0);
-        ACT(fch_gelu, 2, N, 4 * C, 0, 0);
+#define ACT(field, cheap, nd, a0, a1, a2, a3) \
+        if (full || (sel && (cheap))) { \
+            if (l == 0) A->field = add(&ad, "act.layer." #field, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f0, e0, -1); \
+            else A->field = m->acts[0].field; \
+        } else { \
+            snprintf(nm, sizeof nm, "act.h.%d." #field, l); \
+            A->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f, e, l); \
+        }
+        ACT(ln1, 1, 2, N, C, 0, 0);
+        ACT(ln1_mean, 0, 1, N, 0, 0, 0);
+        ACT(ln1_rstd, 0, 1, N, 0, 0, 0);
+        ACT(qkv, 0, 2, N, 3 * C, 0, 0);
+        ACT(lse, 0, 3, B, NH, T, 0);
+        ACT(atty, 0, 2, N, C, 0, 0);
+        ACT(xmid, 0, 2, N, C, 0, 0);
+        ACT(ln2, 1, 2, N, C, 0, 0);
+        ACT(ln2_mean, 0, 1, N, 0, 0, 0);
+        ACT(ln2_rstd, 0, 1, N, 0, 0, 0);
+        ACT(fch, 0, 2, N, 4 * C, 0, 0);
+        ACT(fch_gelu, 1, 2, N, 4 * C, 0, 0);
 #undef ACT
     }
-    for (int l = 1; shared && l < L; l++) m->acts[l] = m->acts[0];
     int hf = mf_phase_head_fwd(m), hb = train ? mf_phase_head_bwd(m) : hf;
     m->lnf = add(&ad, "act.ln_f", MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, hf, hb, -1);
     m->lnf_mean = add(&ad, "act.ln_f_mean", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
@@ -384,6 +391,14 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     for (int l = L - 1; l >= 0; l--) {
         mf_arena_phase(a, mf_phase_layer_bwd(m, l));
         if (m->recompute == MF_RECOMPUTE_FULL) layer_forward(m, a, l, B, T, 1);
+        if (m->recompute == MF_RECOMPUTE_SELECTIVE) {
+            /* rebuild the element-wise outputs from the kept inputs; the
+             * statistics come out bit-identical to the forward's */
+            mf_layer_acts *S = &m->acts[l];
+            mf_layernorm_forward(BUF(S->ln1), BUF(S->ln1_mean), BUF(S->ln1_rstd), BUF(m->res[l]), P(l, LN1W), P(l, LN1B), N, C);
+            mf_layernorm_forward(BUF(S->ln2), BUF(S->ln2_mean), BUF(S->ln2_rstd), BUF(S->xmid), P(l, LN2W), P(l, LN2B), N, C);
+            mf_gelu_forward(BUF(S->fch_gelu), BUF(S->fch), (size_t)N * 4 * C);
+        }
         mf_layer_acts *A = &m->acts[l];
         float *dbig = BUF(m->dbig), *dqkv = BUF(m->dqkv);
         /* MLP: out = xmid + gelu(ln2 @ Wfc + b) @ Wfcp + b */
