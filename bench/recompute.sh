@@ -31,10 +31,10 @@ for p in ("none", "selective", "full"):
         rss.append(L[-1]["rss_peak_bytes"])
     est = json.load(open("%s/%s.est" % (w, p)))
     res[p] = (est["activations"], max(rss), statistics.median(tok))
-print("%-6s %14s %12s %14s %10s" % ("policy", "activations", "peak RSS", "tokens/s (med)", "overhead"))
+print("%-9s %14s %12s %14s %10s" % ("policy", "activations", "peak RSS", "tokens/s (med)", "overhead"))
 for p in ("none", "selective", "full"):
     a, r, t = res[p]
-    print("%-6s %10.1f MiB %8.2f GiB %14.1f %9.1f%%" % (p, a / 2**20, r / 2**30, t, 100.0 * (res["none"][2] / t - 1)))
+    print("%-9s %10.1f MiB %8.2f GiB %14.1f %9.1f%%" % (p, a / 2**20, r / 2**30, t, 100.0 * (res["none"][2] / t - 1)))
 for p in ("selective", "full"):
     print("%s vs none: activations %.2fx smaller" % (p, res["none"][0] / res[p][0]))
 PY
