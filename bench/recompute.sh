@@ -3,22 +3,24 @@
 # A B A B in one run. Prints planned activation bytes, peak RSS, median
 # tokens/s and the recompute overhead.
 #   bench/recompute.sh [MODEL] [BATCH] [SEQ]      (default gpt2-124m 4 256)
+#   EXTRA="--block_size 2048" bench/recompute.sh gpt2-124m 1 2048   (long context)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-gpt2-124m}; B=${2:-4}; T=${3:-256}
 STEPS=${STEPS:-6}; ROUNDS=${ROUNDS:-2}; THREADS=${THREADS:-2}
+read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 M=build/memfit
 W=$(mktemp -d /tmp/memfit-bench-XXXXXX)
 trap 'rm -rf "$W"' EXIT
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
-echo "config:  $MODEL batch $B seq $T, $STEPS steps per run (first untimed), $ROUNDS rounds, $THREADS threads"
+echo "config:  $MODEL ${EXTRA:-} batch $B seq $T, $STEPS steps per run (first untimed), $ROUNDS rounds, $THREADS threads"
 for r in $(seq "$ROUNDS"); do
   for p in none selective full; do
-    "$M" train --model "$MODEL" --batch "$B" --seq "$T" --steps "$STEPS" --threads "$THREADS" --recompute "$p" \
+    "$M" train --model "$MODEL" --batch "$B" --seq "$T" "${EXTRA_ARGS[@]}" --steps "$STEPS" --threads "$THREADS" --recompute "$p" \
       --sample_tokens 0 --val_every 0 --val_batches 1 --progress 0 --metrics "$W/$p.$r.jsonl" > /dev/null
   done
 done
-for p in none selective full; do "$M" estimate --model "$MODEL" --batch "$B" --seq "$T" --recompute "$p" --json > "$W/$p.est"; done
+for p in none selective full; do "$M" estimate --model "$MODEL" --batch "$B" --seq "$T" "${EXTRA_ARGS[@]}" --recompute "$p" --json > "$W/$p.est"; done
 /usr/bin/python3 - "$W" "$ROUNDS" <<'PY'
 import json, statistics, sys
 w, rounds = sys.argv[1], int(sys.argv[2])
