@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Activation checkpointing: recompute none, selective and full on one model, alternating
+# Activation checkpointing: recompute none, selective, sqrt and full on one model, alternating
 # A B A B in one run. Prints planned activation bytes, peak RSS, median
 # tokens/s and the recompute overhead.
 #   bench/recompute.sh [MODEL] [BATCH] [SEQ]      (default gpt2-124m 4 256)
@@ -15,17 +15,17 @@ trap 'rm -rf "$W"' EXIT
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 echo "config:  $MODEL ${EXTRA:-} batch $B seq $T, $STEPS steps per run (first untimed), $ROUNDS rounds, $THREADS threads"
 for r in $(seq "$ROUNDS"); do
-  for p in none selective full; do
+  for p in none selective sqrt full; do
     "$M" train --model "$MODEL" --batch "$B" --seq "$T" "${EXTRA_ARGS[@]}" --steps "$STEPS" --threads "$THREADS" --recompute "$p" \
       --sample_tokens 0 --val_every 0 --val_batches 1 --progress 0 --metrics "$W/$p.$r.jsonl" > /dev/null
   done
 done
-for p in none selective full; do "$M" estimate --model "$MODEL" --batch "$B" --seq "$T" "${EXTRA_ARGS[@]}" --recompute "$p" --json > "$W/$p.est"; done
+for p in none selective sqrt full; do "$M" estimate --model "$MODEL" --batch "$B" --seq "$T" "${EXTRA_ARGS[@]}" --recompute "$p" --json > "$W/$p.est"; done
 /usr/bin/python3 - "$W" "$ROUNDS" <<'PY'
 import json, statistics, sys
 w, rounds = sys.argv[1], int(sys.argv[2])
 res = {}
-for p in ("none", "selective", "full"):
+for p in ("none", "selective", "sqrt", "full"):
     tok, rss = [], []
     for r in range(1, rounds + 1):
         L = [json.loads(l) for l in open("%s/%s.%d.jsonl" % (w, p, r))]
@@ -34,9 +34,9 @@ for p in ("none", "selective", "full"):
     est = json.load(open("%s/%s.est" % (w, p)))
     res[p] = (est["activations"], max(rss), statistics.median(tok))
 print("%-9s %14s %12s %14s %10s" % ("policy", "activations", "peak RSS", "tokens/s (med)", "overhead"))
-for p in ("none", "selective", "full"):
+for p in ("none", "selective", "sqrt", "full"):
     a, r, t = res[p]
     print("%-9s %10.1f MiB %8.2f GiB %14.1f %9.1f%%" % (p, a / 2**20, r / 2**30, t, 100.0 * (res["none"][2] / t - 1)))
-for p in ("selective", "full"):
+for p in ("selective", "sqrt", "full"):
     print("%s vs none: activations %.2fx smaller" % (p, res["none"][0] / res[p][0]))
 PY

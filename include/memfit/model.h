@@ -49,8 +49,13 @@ typedef enum { MF_MODE_TRAIN, MF_MODE_INFER } mf_mode;
  * and recomputes the block inside its backward. Rebuilt activations live in
  * one layer's worth of buffers shared by all layers. (Attention never keeps
  * its T x T scores: the FlashAttention kernel recomputes them.) */
-typedef enum { MF_RECOMPUTE_NONE, MF_RECOMPUTE_SELECTIVE, MF_RECOMPUTE_FULL } mf_recompute;
-/* Parses "none" / "selective" / "full"; -1 with a message otherwise. */
+typedef enum { MF_RECOMPUTE_NONE, MF_RECOMPUTE_SELECTIVE, MF_RECOMPUTE_EVERY, MF_RECOMPUTE_SQRT } mf_recompute_policy;
+/* EVERY keeps the input of every `every`-th block and recomputes segments
+ * of that many blocks; "full" is every:1; SQRT uses segments of
+ * ceil(sqrt(L)) blocks. */
+typedef struct { mf_recompute_policy policy; int every; } mf_recompute;
+/* Parses "none" / "selective" / "full" / "every:N" / "sqrt"; -1 with a
+ * message otherwise. */
 int mf_recompute_parse(const char *s, mf_recompute *out);
 
 #define MF_LAYER_TENSORS 12
@@ -89,6 +94,7 @@ typedef struct {
     int lnf, lnf_mean, lnf_rstd, logits, losses;
     int chunk_rows;       /* logits rows that exist at once (loss_chunk) */
     mf_recompute recompute;
+    int seg;              /* checkpointed segment length in blocks (0 = none) */
     int logits_all;       /* last sampling forward computed every row */
     int dres, dln, dbig, dqkv, attn_scratch; /* backward scratch, one layer's worth */
 } mf_model;

@@ -2,6 +2,7 @@
  * and help. Defaults, parsing, --help and YAML output all read it. */
 #include "memfit/config.h"
 #include "memfit/core.h"
+#include "memfit/model.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -67,7 +68,7 @@ static const key_row keys[] = {
     {"budget", T_SIZE, F(budget), 0, "0", 0, 0, "memory budget for the whole process, e.g. 2GiB (0 = none)"},
     {"threads", T_INT, F(threads), 0, "0", 0, 4096, "threads (0 = all cores)"},
     {"blas_coretype", T_STR, S(blas_coretype), "auto", 0, 0, "OpenBLAS kernels: auto (fastest for this CPU), env (keep OPENBLAS_CORETYPE), or a core name"},
-    {"recompute", T_STR, S(recompute), "none", 0, 0, "activation checkpointing: none (keep all), selective (rebuild LayerNorm/GELU outputs in backward), full (keep each block's input, recompute the block in backward)"},
+    {"recompute", T_STR, S(recompute), "none", 0, 0, "activation checkpointing: none (keep all), selective (rebuild LayerNorm/GELU outputs in backward), full (keep each block's input, recompute the block in backward), every:N (keep every N-th block's input, recompute segments of N), sqrt (segments of ceil(sqrt(n_layer)))"},
     {"loss_chunk", T_INT, F(loss_chunk), 0, "256", 0, 1 << 30, "rows of logits the loss computes at a time; B*T*vocab logits never exist (0 = all rows at once)"},
     {"log_every", T_INT, F(log_every), 0, "1", 1, 1 << 30, "print a log line every N steps"},
     {"progress", T_INT, F(progress), 0, "-1", -1, 1, "progress bar: -1 when stdout is a terminal, 0 off, 1 on"},
@@ -152,8 +153,11 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
     if (apply(c, r, value)) return -1;
     static const char *const tok[] = {"", "gpt2", "bytes", NULL};
     static const char *const decay[] = {"2d", "all", "none", NULL};
-    static const char *const recompute[] = {"none", "selective", "full", NULL};
-    if (strcmp(r->key, "recompute") == 0 && check_enum(r->key, value, recompute)) return -1;
+    if (strcmp(r->key, "recompute") == 0) {
+        /* the model module owns the policy names */
+        mf_recompute rc;
+        if (mf_recompute_parse(value, &rc)) return mf_fail("config key 'recompute': %s", mf_error());
+    }
     if (strcmp(r->key, "tokenizer") == 0 && check_enum(r->key, value, tok)) return -1;
     if (strcmp(r->key, "decay_on") == 0 && check_enum(r->key, value, decay)) return -1;
     c->set_by_user[idx] = 1;

@@ -63,10 +63,19 @@ int mf_model_dims(const mf_config *cfg, mf_dims *d) {
 }
 
 int mf_recompute_parse(const char *s, mf_recompute *out) {
-    if (strcmp(s, "none") == 0) *out = MF_RECOMPUTE_NONE;
-    else if (strcmp(s, "selective") == 0) *out = MF_RECOMPUTE_SELECTIVE;
-    else if (strcmp(s, "full") == 0) *out = MF_RECOMPUTE_FULL;
-    else return mf_fail("recompute '%s' is not one of none, selective, full", s);
+    out->every = 0;
+    if (strcmp(s, "none") == 0) out->policy = MF_RECOMPUTE_NONE;
+    else if (strcmp(s, "selective") == 0) out->policy = MF_RECOMPUTE_SELECTIVE;
+    else if (strcmp(s, "full") == 0) out->policy = MF_RECOMPUTE_EVERY, out->every = 1;
+    else if (strcmp(s, "sqrt") == 0) out->policy = MF_RECOMPUTE_SQRT;
+    else if (strncmp(s, "every:", 6) == 0) {
+        char *end;
+        long n = strtol(s + 6, &end, 10);
+        if (s[6] == 0 || *end || n < 1 || n > 1 << 20)
+            return mf_fail("recompute '%s': every:N needs a whole number N >= 1", s);
+        out->policy = MF_RECOMPUTE_EVERY;
+        out->every = (int)n;
+    } else return mf_fail("recompute '%s' is not one of none, selective, full, every:N, sqrt", s);
     return 0;
 }
 
@@ -150,6 +159,13 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     m->mode = mode;
     m->nthreads = nthreads;
     m->recompute = recompute;
+    /* checkpointed segments of `seg` blocks: only each segment's input is
+     * kept; "full" is segments of one block, "sqrt" of ceil(sqrt(L)) blocks
+     * (Chen et al. 2016, section 3) */
+    int seg = 0;
+    if (mode == MF_MODE_TRAIN && recompute.policy == MF_RECOMPUTE_EVERY) seg = recompute.every < d->L ? recompute.every : d->L;
+    if (mode == MF_MODE_TRAIN && recompute.policy == MF_RECOMPUTE_SQRT) seg = (int)ceil(sqrt((double)d->L) - 1e-9);
+    m->seg = seg;
     /* rows of logits that exist at once; at least one per sequence so a
      * sampling forward can hold each sequence's last position */
     int64_t R = loss_chunk > 0 && loss_chunk < B * T ? loss_chunk : (int64_t)B * T;
@@ -196,7 +212,17 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     /* activations: kept until the layer's backward when training, only for
      * the layer's own phase otherwise */
     char nm[64];
+    int f0 = mf_phase_layer_fwd(m, 0), e0 = mf_phase_layer_bwd(m, 0);
     for (int j = 0; j <= L; j++) {
+        if (seg && j % seg && j != L) {
+            /* inside a segment: a slot shared by all segments, refilled by
+             * the segment's recomputation in backward */
+            if (j < seg) {
+                snprintf(nm, sizeof nm, "act.slot%d.in", j);
+                m->res[j] = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, f0, e0, -1);
+            } else m->res[j] = m->res[j % seg];
+            continue;
+        }
         int first = j == 0 ? 0 : mf_phase_layer_fwd(m, j - 1);
         /* res[j] feeds layer j (its LayerNorm input) or the head when j == L */
         int lastp = train ? (j < L ? mf_phase_layer_bwd(m, j) : mf_phase_head_bwd(m))
@@ -210,13 +236,17 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
      * all (only the residual stream is kept per layer); "selective" shares
      * the cheap element-wise outputs (LayerNorm outputs, GELU output) and
      * keeps the matmul outputs. */
-    int full = train && m->recompute == MF_RECOMPUTE_FULL, sel = train && m->recompute == MF_RECOMPUTE_SELECTIVE;
+    int sel = train && m->recompute.policy == MF_RECOMPUTE_SELECTIVE;
     for (int l = 0; l < L; l++) {
         int f = mf_phase_layer_fwd(m, l), e = train ? mf_phase_layer_bwd(m, l) : f;
-        int f0 = mf_phase_layer_fwd(m, 0), e0 = mf_phase_layer_bwd(m, 0);
         mf_layer_acts *A = &m->acts[l];
 #define ACT(field, cheap, nd, a0, a1, a2, a3) \
-        if (full || (sel && (cheap))) { \
+        if (seg) { \
+            if (l < seg) { \
+                snprintf(nm, sizeof nm, "act.slot%d." #field, l); \
+                A->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f0, e0, -1); \
+            } else A->field = m->acts[l % seg].field; \
+        } else if (sel && (cheap)) { \
             if (l == 0) A->field = add(&ad, "act.layer." #field, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f0, e0, -1); \
             else A->field = m->acts[0].field; \
         } else { \
@@ -305,10 +335,10 @@ void mf_model_zero_grads(mf_model *m, mf_arena *a) {
 #define BUF(id) ((float *)mf_arena_get(a, (id)))
 enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB };
 
-/* recompute != 0: the pass inside layer l's backward that rebuilds its
- * activations; it stays in the backward phase and leaves the layer's output
- * (the next block's input, no longer alive) unwritten */
-static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute) {
+/* recompute != 0: a pass inside a backward phase that rebuilds the layer's
+ * activations (it stays in that phase); write_out == 0 leaves the layer's
+ * output unwritten when that buffer is no longer alive */
+static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute, int write_out) {
     int C = m->d.C, NH = m->d.NH, N = B * T;
     mf_layer_acts *A = &m->acts[l];
     if (!recompute) mf_arena_phase(a, mf_phase_layer_fwd(m, l));
@@ -329,7 +359,7 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
     mf_layernorm_forward(ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), xmid, P(l, LN2W), P(l, LN2B), N, C);
     mf_matmul_forward(fch, ln2, P(l, FCW), P(l, FCB), N, C, 4 * C, 0);
     mf_gelu_forward(fchg, fch, (size_t)N * 4 * C);
-    if (recompute) return;
+    if (!write_out) return;
     float *out = BUF(m->res[l + 1]);
     memcpy(out, xmid, (size_t)N * C * sizeof(float));
     mf_matmul_forward(out, fchg, P(l, FCPW), P(l, FCPB), N, 4 * C, C, 1);
@@ -348,7 +378,7 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     mf_arena_phase(a, mf_phase_emb_fwd(m));
     const int32_t *inp = mf_arena_get(a, m->inputs);
     mf_encoder_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), tensor_p(m, a, WPE), B, T, C);
-    for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T, 0);
+    for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T, 0, 1);
     mf_arena_phase(a, mf_phase_head_fwd(m));
     float *lnf = BUF(m->lnf), *logits = BUF(m->logits);
     mf_layernorm_forward(lnf, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
@@ -390,8 +420,13 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
                           tensor_p(m, a, LNF_W), BUF(m->lnf_mean), BUF(m->lnf_rstd), N, C);
     for (int l = L - 1; l >= 0; l--) {
         mf_arena_phase(a, mf_phase_layer_bwd(m, l));
-        if (m->recompute == MF_RECOMPUTE_FULL) layer_forward(m, a, l, B, T, 1);
-        if (m->recompute == MF_RECOMPUTE_SELECTIVE) {
+        int sg = m->seg, s0 = sg ? l / sg * sg : 0;
+        if (sg && l == (s0 + sg - 1 < L - 1 ? s0 + sg - 1 : L - 1)) {
+            /* top block of a segment: rebuild the segment from its kept
+             * input; every output but the top one's goes to a slot */
+            for (int k = s0; k <= l; k++) layer_forward(m, a, k, B, T, 1, k < l);
+        }
+        if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE) {
             /* rebuild the element-wise outputs from the kept inputs; the
              * statistics come out bit-identical to the forward's */
             mf_layer_acts *S = &m->acts[l];
