@@ -49,10 +49,12 @@ typedef enum { MF_MODE_TRAIN, MF_MODE_INFER } mf_mode;
  * and recomputes the block inside its backward. Rebuilt activations live in
  * one layer's worth of buffers shared by all layers. (Attention never keeps
  * its T x T scores: the FlashAttention kernel recomputes them.) */
-typedef enum { MF_RECOMPUTE_NONE, MF_RECOMPUTE_SELECTIVE, MF_RECOMPUTE_EVERY, MF_RECOMPUTE_SQRT } mf_recompute_policy;
+typedef enum { MF_RECOMPUTE_NONE, MF_RECOMPUTE_SELECTIVE, MF_RECOMPUTE_EVERY, MF_RECOMPUTE_SQRT,
+               MF_RECOMPUTE_AUTO } mf_recompute_policy;
 /* EVERY keeps the input of every `every`-th block and recomputes segments
  * of that many blocks; "full" is every:1; SQRT uses segments of
- * ceil(sqrt(L)) blocks. */
+ * ceil(sqrt(L)) blocks. AUTO recomputes the lowest `every` blocks in full
+ * and keeps the rest; mf_train_plan picks the count from the budget. */
 typedef struct { mf_recompute_policy policy; int every; } mf_recompute;
 /* Parses "none" / "selective" / "full" / "every:N" / "sqrt"; -1 with a
  * message otherwise. */
@@ -95,6 +97,7 @@ typedef struct {
     int chunk_rows;       /* logits rows that exist at once (loss_chunk) */
     mf_recompute recompute;
     int seg;              /* checkpointed segment length in blocks (0 = none) */
+    int auto_k;           /* auto: blocks 0..auto_k-1 are recomputed in full */
     int logits_all;       /* last sampling forward computed every row */
     int dres, dln, dbig, dqkv, attn_scratch; /* backward scratch, one layer's worth */
 } mf_model;

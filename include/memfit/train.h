@@ -37,8 +37,10 @@ mf_tokenizer *mf_tokenizer_open(const char *kind, const char *dir);
 /* Tokenizes a text file into a token file (atomic write). */
 int mf_tokenize_file(const mf_tokenizer *tok, const char *text_path, const char *out_path);
 
-/* The plan a config implies, without data or arena (memfit estimate). */
-int mf_train_plan(const mf_config *cfg, mf_mode mode, int nthreads,
+/* The plan a config implies, without data or arena (memfit estimate and the
+ * trainer). With recompute "auto", the fewest recomputed blocks whose arena
+ * plus `overhead` (the measured runtime) fits cfg->budget. */
+int mf_train_plan(const mf_config *cfg, mf_mode mode, int nthreads, size_t overhead,
                   mf_dims *d, mf_plan *plan, mf_model *model);
 
 typedef struct {

@@ -188,10 +188,12 @@ static int cmd_estimate(int argc, char **argv) {
     mf_dims d;
     mf_plan plan;
     mf_model model;
-    if (mf_train_plan(&cfg, MF_MODE_TRAIN, nthreads, &d, &plan, &model)) return die(mf_error());
     /* the runtime outside the arena, measured as train measures it */
-    mf_blas_warmup(model.B * model.T, d.Vp > 4 * d.C ? d.Vp : 4 * d.C, d.C);
+    if (mf_model_dims(&cfg, &d)) return die(mf_error());
+    int T = cfg.seq ? cfg.seq : d.maxT;
+    mf_blas_warmup(cfg.batch * T, d.Vp > 4 * d.C ? d.Vp : 4 * d.C, d.C);
     size_t runtime = mf_rss_current();
+    if (mf_train_plan(&cfg, MF_MODE_TRAIN, nthreads, runtime, &d, &plan, &model)) return die(mf_error());
     if (json) mf_report_estimate_json(stdout, &cfg, &d, &plan, &model, runtime);
     else mf_report_estimate(stdout, &cfg, &d, &plan, &model, runtime);
     int rc = 0;

@@ -8,6 +8,16 @@
 
 static const char *sz(size_t b, char *buf) { return mf_size_format(b, buf, 32); }
 
+/* "none", "full", "every:3 (segments of 3 blocks)", "auto (5 of 12 blocks)" */
+static const char *recompute_desc(const mf_config *cfg, const mf_model *m, char *buf, size_t n) {
+    if (m->recompute.policy == MF_RECOMPUTE_AUTO)
+        snprintf(buf, n, "auto: %d of %d blocks recomputed", m->auto_k, m->d.L);
+    else if (m->seg > 1 || m->recompute.policy == MF_RECOMPUTE_SQRT)
+        snprintf(buf, n, "%s: segments of %d blocks", cfg->recompute, m->seg);
+    else snprintf(buf, n, "%s", cfg->recompute);
+    return buf;
+}
+
 void mf_report_presets(FILE *f) {
     int n;
     const mf_preset *p = mf_model_presets(&n);
@@ -37,9 +47,11 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
     const mf_dims *d = &t->d;
     fprintf(f, "model %s: %.2fM params (L%d C%d H%d, block %d, vocab %d padded to %d, %s tokenizer)\n",
             t->cfg.model, (double)mf_model_n_params(d) / 1e6, d->L, d->C, d->NH, d->maxT, d->V, d->Vp, d->tokenizer);
-    fprintf(f, "batch %d x seq %d x accum %d = %d tokens/step, %d threads; train %llu tokens, val %d batches\n",
+    char rc[64];
+    fprintf(f, "batch %d x seq %d x accum %d = %d tokens/step, %d threads; train %llu tokens, val %d batches; recompute %s\n",
             t->B, t->T, t->cfg.grad_accum, t->B * t->T * t->cfg.grad_accum, t->nthreads,
-            (unsigned long long)(t->train_hi - t->train_lo), t->n_val_batches);
+            (unsigned long long)(t->train_hi - t->train_lo), t->n_val_batches,
+            recompute_desc(&t->cfg, &t->model, rc, sizeof rc));
     const char *ct = getenv("OPENBLAS_CORETYPE");
     fprintf(f, "BLAS: OpenBLAS %s kernels (OPENBLAS_CORETYPE %s)\n", openblas_get_corename(), ct ? ct : "unset");
     print_plan_line(f, &t->plan, t->ledger.rss_baseline, t->cfg.budget);
@@ -111,8 +123,10 @@ static const char *shown_label[] = {"params", "grads", "optimizer", "activations
 void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const mf_plan *p,
                         const mf_model *m, size_t runtime) {
     char a[32], b[32];
-    fprintf(f, "model %s: %lld params (L%d C%d H%d, block %d, vocab %d), batch %d x seq %d, fp32 AdamW\n",
-            cfg->model, (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T);
+    char rc[64];
+    fprintf(f, "model %s: %lld params (L%d C%d H%d, block %d, vocab %d), batch %d x seq %d, fp32 AdamW, recompute %s\n",
+            cfg->model, (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T,
+            recompute_desc(cfg, m, rc, sizeof rc));
     fprintf(f, "\n  %-12s %14s %12s   %s\n", "category", "bytes", "", "at the peak (all rows)");
     size_t tot = 0;
     for (int k = 0; k < NSHOWN; k++) {
@@ -149,6 +163,8 @@ void mf_report_estimate_json(FILE *f, const mf_config *cfg, const mf_dims *d, co
     cJSON_AddNumberToObject(o, "n_params", (double)mf_model_n_params(d));
     cJSON_AddNumberToObject(o, "batch", m->B);
     cJSON_AddNumberToObject(o, "seq", m->T);
+    cJSON_AddStringToObject(o, "recompute", cfg->recompute);
+    if (m->recompute.policy == MF_RECOMPUTE_AUTO) cJSON_AddNumberToObject(o, "recompute_blocks", m->auto_k);
     cJSON *bytes = cJSON_AddObjectToObject(o, "bytes");
     for (int i = 0; i < MF_CAT_COUNT; i++) cJSON_AddNumberToObject(bytes, mf_cat_name((mf_cat)i), (double)p->peak_cat[i]);
     for (int k = 0; k < NSHOWN; k++) cJSON_AddNumberToObject(o, shown_label[k], (double)p->peak_cat[shown[k]]);

@@ -68,7 +68,7 @@ static const key_row keys[] = {
     {"budget", T_SIZE, F(budget), 0, "0", 0, 0, "memory budget for the whole process, e.g. 2GiB (0 = none)"},
     {"threads", T_INT, F(threads), 0, "0", 0, 4096, "threads (0 = all cores)"},
     {"blas_coretype", T_STR, S(blas_coretype), "auto", 0, 0, "OpenBLAS kernels: auto (fastest for this CPU), env (keep OPENBLAS_CORETYPE), or a core name"},
-    {"recompute", T_STR, S(recompute), "none", 0, 0, "activation checkpointing: none (keep all), selective (rebuild LayerNorm/GELU outputs in backward), full (keep each block's input, recompute the block in backward), every:N (keep every N-th block's input, recompute segments of N), sqrt (segments of ceil(sqrt(n_layer)))"},
+    {"recompute", T_STR, S(recompute), "none", 0, 0, "activation checkpointing: none (keep all), selective (rebuild LayerNorm/GELU outputs in backward), full (keep each block's input, recompute the block in backward), every:N (keep every N-th block's input, recompute segments of N), sqrt (segments of ceil(sqrt(n_layer))), auto (recompute the fewest blocks that fit --budget)"},
     {"loss_chunk", T_INT, F(loss_chunk), 0, "256", 0, 1 << 30, "rows of logits the loss computes at a time; B*T*vocab logits never exist (0 = all rows at once)"},
     {"log_every", T_INT, F(log_every), 0, "1", 1, 1 << 30, "print a log line every N steps"},
     {"progress", T_INT, F(progress), 0, "-1", -1, 1, "progress bar: -1 when stdout is a terminal, 0 off, 1 on"},

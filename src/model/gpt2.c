@@ -68,6 +68,7 @@ int mf_recompute_parse(const char *s, mf_recompute *out) {
     else if (strcmp(s, "selective") == 0) out->policy = MF_RECOMPUTE_SELECTIVE;
     else if (strcmp(s, "full") == 0) out->policy = MF_RECOMPUTE_EVERY, out->every = 1;
     else if (strcmp(s, "sqrt") == 0) out->policy = MF_RECOMPUTE_SQRT;
+    else if (strcmp(s, "auto") == 0) out->policy = MF_RECOMPUTE_AUTO;
     else if (strncmp(s, "every:", 6) == 0) {
         char *end;
         long n = strtol(s + 6, &end, 10);
@@ -75,7 +76,7 @@ int mf_recompute_parse(const char *s, mf_recompute *out) {
             return mf_fail("recompute '%s': every:N needs a whole number N >= 1", s);
         out->policy = MF_RECOMPUTE_EVERY;
         out->every = (int)n;
-    } else return mf_fail("recompute '%s' is not one of none, selective, full, every:N, sqrt", s);
+    } else return mf_fail("recompute '%s' is not one of none, selective, full, every:N, sqrt, auto", s);
     return 0;
 }
 
@@ -166,6 +167,8 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     if (mode == MF_MODE_TRAIN && recompute.policy == MF_RECOMPUTE_EVERY) seg = recompute.every < d->L ? recompute.every : d->L;
     if (mode == MF_MODE_TRAIN && recompute.policy == MF_RECOMPUTE_SQRT) seg = (int)ceil(sqrt((double)d->L) - 1e-9);
     m->seg = seg;
+    m->auto_k = mode == MF_MODE_TRAIN && recompute.policy == MF_RECOMPUTE_AUTO ? recompute.every : 0;
+    if (m->auto_k > d->L) m->auto_k = d->L;
     /* rows of logits that exist at once; at least one per sequence so a
      * sampling forward can hold each sequence's last position */
     int64_t R = loss_chunk > 0 && loss_chunk < B * T ? loss_chunk : (int64_t)B * T;
@@ -241,7 +244,11 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
         int f = mf_phase_layer_fwd(m, l), e = train ? mf_phase_layer_bwd(m, l) : f;
         mf_layer_acts *A = &m->acts[l];
 #define ACT(field, cheap, nd, a0, a1, a2, a3) \
-        if (seg) { \
+        if (l < m->auto_k) { \
+            /* auto: recomputed blocks share slot 0, like full */ \
+            if (l == 0) A->field = add(&ad, "act.slot0." #field, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f0, e0, -1); \
+            else A->field = m->acts[0].field; \
+        } else if (seg) { \
             if (l < seg) { \
                 snprintf(nm, sizeof nm, "act.slot%d." #field, l); \
                 A->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f0, e0, -1); \
@@ -426,6 +433,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
              * input; every output but the top one's goes to a slot */
             for (int k = s0; k <= l; k++) layer_forward(m, a, k, B, T, 1, k < l);
         }
+        if (l < m->auto_k) layer_forward(m, a, l, B, T, 1, 0);
         if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE) {
             /* rebuild the element-wise outputs from the kept inputs; the
              * statistics come out bit-identical to the forward's */

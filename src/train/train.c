@@ -51,16 +51,31 @@ void mf_blas_warmup(int rows, int cols, int inner) {
     free(b);
 }
 
-int mf_train_plan(const mf_config *cfg, mf_mode mode, int nthreads,
-                  mf_dims *d, mf_plan *plan, mf_model *model) {
-    if (mf_model_dims(cfg, d)) return -1;
+static int plan_once(const mf_config *cfg, mf_mode mode, int nthreads, const mf_dims *d,
+                     mf_recompute rc, mf_plan *plan, mf_model *model) {
     int T = cfg->seq ? cfg->seq : d->maxT;
     if (mf_plan_init(plan, mf_model_n_phases(d, mode))) return -1;
-    mf_recompute rc;
-    if (mf_recompute_parse(cfg->recompute, &rc)) { mf_plan_free(plan); return -1; }
     if (mf_model_plan(model, plan, d, cfg->batch, T, mode, nthreads, cfg->loss_chunk, rc)) { mf_plan_free(plan); return -1; }
     mf_plan_layout(plan);
     return 0;
+}
+
+int mf_train_plan(const mf_config *cfg, mf_mode mode, int nthreads, size_t overhead,
+                  mf_dims *d, mf_plan *plan, mf_model *model) {
+    if (mf_model_dims(cfg, d)) return -1;
+    mf_recompute rc;
+    if (mf_recompute_parse(cfg->recompute, &rc)) return -1;
+    if (rc.policy != MF_RECOMPUTE_AUTO || mode != MF_MODE_TRAIN) return plan_once(cfg, mode, nthreads, d, rc, plan, model);
+    /* auto: every block costs the same to recompute, so the fewest
+     * recomputed blocks that fit the budget cost the fewest FLOPs */
+    for (int k = 0; k <= d->L; k++) {
+        rc.every = k;
+        if (plan_once(cfg, mode, nthreads, d, rc, plan, model)) return -1;
+        if (cfg->budget == 0 || plan->arena_bytes + overhead <= cfg->budget || k == d->L) return 0;
+        mf_model_free(model);
+        mf_plan_free(plan);
+    }
+    return mf_fail("no recompute choice");  /* not reached: k == L returns */
 }
 
 static int file_exists(const char *p) { struct stat st; return stat(p, &st) == 0; }
@@ -210,11 +225,7 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     mf_ledger_init(&t->ledger);
     t->ledger.rss_baseline = mf_rss_current();
 
-    if (mf_plan_init(&t->plan, mf_model_n_phases(&t->d, mode))) goto fail;
-    mf_recompute rc;
-    if (mf_recompute_parse(cfg->recompute, &rc)) goto fail;
-    if (mf_model_plan(&t->model, &t->plan, &t->d, t->B, t->T, mode, t->nthreads, cfg->loss_chunk, rc)) goto fail;
-    mf_plan_layout(&t->plan);
+    if (mf_train_plan(cfg, mode, t->nthreads, t->ledger.rss_baseline, &t->d, &t->plan, &t->model)) goto fail;
     if (mf_plan_check_budget(&t->plan, t->ledger.rss_baseline, cfg->budget)) goto fail;
     if (mf_arena_init(&t->arena, &t->plan, &t->ledger)) goto fail;
     mf_model_init_weights(&t->model, &t->arena, cfg->seed);
