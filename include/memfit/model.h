@@ -68,7 +68,7 @@ typedef struct {
     int64_t shape[2];   /* stored shape (wte: Vp rows) */
     int64_t rows_file;  /* rows in files (wte: V) */
     int64_t numel;
-    int decay;          /* AdamW weight decay applies */
+    int decay;          /* AdamW weight decay applies (2-D by default; the trainer applies decay_on) */
     int p, g, m, v;     /* plan ids: param, grad, adam m, adam v (-1 if none) */
 } mf_tensor;
 

@@ -26,9 +26,10 @@ extern "C" {
 const char *mf_cache_dir(char *buf, size_t n);
 /* Sets OpenMP's and OpenBLAS's thread counts (0 = all cores); returns it. */
 int mf_threads_setup(int threads);
-/* Runs GEMMs shaped like the model's largest (rows x cols, inner depth) so
- * the BLAS library's packing buffers exist before the baseline is read. */
-void mf_blas_warmup(int rows, int cols, int inner);
+/* Runs GEMMs shaped like the model's largest (its output head, or the MLP
+ * when that is wider) over `rows` rows, so the BLAS library's packing
+ * buffers exist before the baseline is read. */
+void mf_blas_warmup(const mf_dims *d, int rows);
 
 /* The tokenizer named by kind ("gpt2" or "bytes"); GPT-2 files come from
  * dir, or $MEMFIT_CACHE/gpt2 when dir is empty. NULL on error. */

@@ -191,7 +191,7 @@ static int cmd_estimate(int argc, char **argv) {
     /* the runtime outside the arena, measured as train measures it */
     if (mf_model_dims(&cfg, &d)) return die(mf_error());
     int T = cfg.seq ? cfg.seq : d.maxT;
-    mf_blas_warmup(cfg.batch * T, d.Vp > 4 * d.C ? d.Vp : 4 * d.C, d.C);
+    mf_blas_warmup(&d, cfg.batch * T);
     size_t runtime = mf_rss_current();
     if (mf_train_plan(&cfg, MF_MODE_TRAIN, nthreads, runtime, &d, &plan, &model)) return die(mf_error());
     if (json) mf_report_estimate_json(stdout, &cfg, &d, &plan, &model, runtime);

@@ -27,7 +27,8 @@ int mf_threads_setup(int threads) {
     return n;
 }
 
-void mf_blas_warmup(int rows, int cols, int inner) {
+void mf_blas_warmup(const mf_dims *d, int rows) {
+    int cols = d->Vp > 4 * d->C ? d->Vp : 4 * d->C, inner = d->C;
     /* OpenBLAS maps a packing buffer per calling thread lazily and touches
      * as much of it as the largest blocking it has used. Kernels call GEMM
      * both from the main thread and from inside OpenMP regions (one GEMM
@@ -221,12 +222,17 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     if (!t->sample_ctx || !t->sample_probs || !t->sample_idx) { mf_fail("out of memory"); goto fail; }
 
     /* everything outside the arena exists now: measure the baseline */
-    mf_blas_warmup(t->B * t->T, t->d.Vp > 4 * t->d.C ? t->d.Vp : 4 * t->d.C, t->d.C);
+    mf_blas_warmup(&t->d, t->B * t->T);
     mf_ledger_init(&t->ledger);
     t->ledger.rss_baseline = mf_rss_current();
 
     if (mf_train_plan(cfg, mode, t->nthreads, t->ledger.rss_baseline, &t->d, &t->plan, &t->model)) goto fail;
     if (mf_plan_check_budget(&t->plan, t->ledger.rss_baseline, cfg->budget)) goto fail;
+    /* which tensors decay is decided once here, not in every step */
+    for (int i = 0; i < t->model.n_tensors; i++) {
+        mf_tensor *x = &t->model.tensors[i];
+        x->decay = strcmp(cfg->decay_on, "all") == 0 || (strcmp(cfg->decay_on, "2d") == 0 && x->decay);
+    }
     if (mf_arena_init(&t->arena, &t->plan, &t->ledger)) goto fail;
     mf_model_init_weights(&t->model, &t->arena, cfg->seed);
     if (cfg->init[0] && mf_trainer_load_weights(t, cfg->init)) goto fail;
@@ -282,10 +288,9 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
     const mf_config *c = &t->cfg;
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *x = &m->tensors[i];
-        int decay = strcmp(c->decay_on, "all") == 0 || (strcmp(c->decay_on, "2d") == 0 && x->decay);
         mf_adamw_update(mf_arena_get(a, x->p), mf_arena_get(a, x->g), mf_arena_get(a, x->m), mf_arena_get(a, x->v),
                         (size_t)x->numel, (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
-                        decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
+                        x->decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
     }
     t->step++;
     if (st) {
