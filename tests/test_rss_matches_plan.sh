@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Peak RSS of real training runs is within max(3%, 32 MiB) of the measured
 # baseline plus the planned arena, and the ledger equals the plan, for
-# models from 1M to 124M parameters. (Release build only: sanitizers change
-# the process's memory.)
+# models from 1M to 124M parameters and every recompute policy. (Release
+# build only: sanitizers change the process's memory.)
 set -u
 M=${MEMFIT_BIN:?}
 W=$(mktemp -d /tmp/memfit-rss-XXXXXX)
@@ -30,6 +30,14 @@ run gpt2-1m --model gpt2-1m --steps 3
 run gpt2-10m-B8-T256 --model gpt2-10m --batch 8 --seq 256 --steps 2
 run gpt2-10m-B2-T64-accum3 --model gpt2-10m --batch 2 --seq 64 --grad_accum 3 --steps 2
 run gpt2-124m-B1-T128 --model gpt2-124m --batch 1 --seq 128 --steps 1
+# every recompute policy: rebuilt rows share slots and scratch, and the
+# process must still match the plan
+for p in selective full sqrt every:2; do
+  run "gpt2-10m-B8-T256-$p" --model gpt2-10m --batch 8 --seq 256 --steps 2 --recompute "$p"
+done
+run gpt2-124m-B2-T256-full --model gpt2-124m --batch 2 --seq 256 --steps 1 --recompute full
+# auto under a budget between "full" and "none"
+run gpt2-10m-B8-T256-auto --model gpt2-10m --batch 8 --seq 256 --steps 2 --recompute auto --budget 330MiB
 # loading a checkpoint after the arena exists must not add the file to the peak
 run gpt2-10m-save --model gpt2-10m --batch 4 --seq 128 --steps 1 --out_dir "$W/ck"
 run gpt2-10m-resume --model gpt2-10m --batch 4 --seq 128 --steps 2 --resume "$W/ck/checkpoint.safetensors"

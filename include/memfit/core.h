@@ -105,6 +105,7 @@ typedef struct {
     size_t peak_bytes;               /* max over phases of live bytes */
     int peak_phase;
     size_t peak_cat[MF_CAT_COUNT];   /* live bytes per category at peak_phase */
+    size_t max_cat[MF_CAT_COUNT];    /* each category's own max over phases */
     size_t total_cat[MF_CAT_COUNT];  /* sum of all rows per category */
 } mf_plan;
 

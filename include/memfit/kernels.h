@@ -40,7 +40,8 @@ void mf_layernorm_backward(float *dinp, float *dw, float *db,
 void mf_matmul_forward(float *out, const float *inp, const float *w,
                        const float *bias, int N, int C, int OC, int accumulate);
 /* dinp (N,C) = dout @ w^T (overwritten; skipped if dinp is NULL);
- * dw (C,OC) += inp^T @ dout; dbias (OC) += column sums of dout (if non-NULL). */
+ * dw (C,OC) += inp^T @ dout (computed first, so inp may be dinp's buffer);
+ * dbias (OC) += column sums of dout (if non-NULL). */
 void mf_matmul_backward(float *dinp, float *dw, float *dbias,
                         const float *dout, const float *inp, const float *w,
                         int N, int C, int OC);
@@ -60,7 +61,7 @@ void mf_attention_backward(float *dqkv, float *scratch, const float *dout,
 /* Scratch floats the backward needs for `nthreads` OpenMP threads. */
 size_t mf_attention_scratch_floats(int T, int nthreads);
 
-/* GELU, tanh approximation (GPT-2's "gelu_new"). */
+/* GELU, tanh approximation (GPT-2's "gelu_new"); out may be inp (in place). */
 void mf_gelu_forward(float *out, const float *inp, size_t n);
 /* dinp = gelu'(inp) * dout; dinp may alias dout. */
 void mf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);

@@ -91,8 +91,10 @@ typedef struct {
     int n_tensors;
     mf_tensor *tensors;   /* wte, wpe, h.0.* .. h.{L-1}.*, ln_f.weight, ln_f.bias */
     int inputs, targets;  /* (B,T) int32, category data */
-    int *res;             /* L+1 residual streams (N,C); res[0] = embeddings */
-    mf_layer_acts *acts;  /* L */
+    int *res;             /* L+1 residual streams (N,C) as forward writes them; res[0] = embeddings */
+    int *rres;            /* L+1: the same as backward reads them (rebuilt ones differ) */
+    mf_layer_acts *acts;  /* L: rows the forward pass writes */
+    mf_layer_acts *racts; /* L: rows backward reads; fch_gelu -1 = rebuilt into dbig */
     int lnf, lnf_mean, lnf_rstd, logits, losses;
     int chunk_rows;       /* logits rows that exist at once (loss_chunk) */
     mf_recompute recompute;

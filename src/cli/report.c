@@ -127,12 +127,12 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
     fprintf(f, "model %s: %lld params (L%d C%d H%d, block %d, vocab %d), batch %d x seq %d, fp32 AdamW, recompute %s\n",
             cfg->model, (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T,
             recompute_desc(cfg, m, rc, sizeof rc));
-    fprintf(f, "\n  %-12s %14s %12s   %s\n", "category", "bytes", "", "at the peak (all rows)");
+    fprintf(f, "\n  %-12s %14s %12s   %s\n", "category", "bytes", "", "at the peak (category's own max)");
     size_t tot = 0;
     for (int k = 0; k < NSHOWN; k++) {
         mf_cat c = shown[k];
         fprintf(f, "  %-12s %14zu %12s   (%s)\n", shown_label[k], p->peak_cat[c], sz(p->peak_cat[c], a),
-                sz(p->total_cat[c], b));
+                sz(p->max_cat[c], b));
         tot += p->peak_cat[c];
     }
     fprintf(f, "  %-12s %14zu %12s\n", "total", p->peak_bytes, sz(p->peak_bytes, a));
@@ -168,6 +168,8 @@ void mf_report_estimate_json(FILE *f, const mf_config *cfg, const mf_dims *d, co
     cJSON *bytes = cJSON_AddObjectToObject(o, "bytes");
     for (int i = 0; i < MF_CAT_COUNT; i++) cJSON_AddNumberToObject(bytes, mf_cat_name((mf_cat)i), (double)p->peak_cat[i]);
     for (int k = 0; k < NSHOWN; k++) cJSON_AddNumberToObject(o, shown_label[k], (double)p->peak_cat[shown[k]]);
+    cJSON *mx = cJSON_AddObjectToObject(o, "max");
+    for (int i = 0; i < MF_CAT_COUNT; i++) cJSON_AddNumberToObject(mx, mf_cat_name((mf_cat)i), (double)p->max_cat[i]);
     cJSON_AddNumberToObject(o, "total", (double)p->peak_bytes);
     cJSON_AddNumberToObject(o, "arena", (double)p->arena_bytes);
     cJSON_AddNumberToObject(o, "runtime", (double)runtime);

@@ -124,12 +124,16 @@ void mf_plan_layout(mf_plan *p) {
     p->peak_bytes = 0;
     p->peak_phase = 0;
     memset(p->total_cat, 0, sizeof p->total_cat);
+    memset(p->max_cat, 0, sizeof p->max_cat);
     for (int i = 0; i < n; i++) p->total_cat[p->bufs[i].cat] += p->bufs[i].bytes;
     size_t live[MF_CAT_COUNT];
     for (int ph = 0; ph < p->n_phases; ph++) {
         mf_plan_live_at(p, ph, live);
         size_t t = 0;
-        for (int c = 0; c < MF_CAT_COUNT; c++) t += live[c];
+        for (int c = 0; c < MF_CAT_COUNT; c++) {
+            t += live[c];
+            if (live[c] > p->max_cat[c]) p->max_cat[c] = live[c];
+        }
         if (t > p->peak_bytes) {
             p->peak_bytes = t;
             p->peak_phase = ph;

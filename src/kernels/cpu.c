@@ -194,12 +194,13 @@ void mf_matmul_backward(float *dinp, float *dw, float *dbias,
             for (size_t i = 0; i < (size_t)N * C; i++) dinp[i] = 0.0f;
         return;
     }
+    /* dw (C,OC) += inp^T (C,N) @ dout (N,OC), first: inp may be dinp's
+     * buffer (a rebuilt GELU output lives in the gradient scratch) */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N,
+                1.0f, inp, C, dout, OC, 1.0f, dw, OC);
     if (dinp) /* dinp (N,C) = dout (N,OC) @ w^T */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC,
                     1.0f, dout, OC, w, OC, 0.0f, dinp, C);
-    /* dw (C,OC) += inp^T (C,N) @ dout (N,OC) */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N,
-                1.0f, inp, C, dout, OC, 1.0f, dw, OC);
     if (dbias) {
         const int nblk = (OC + MF_COLBLK - 1) / MF_COLBLK;
 #pragma omp parallel for schedule(static) if ((size_t)N * OC >= MF_PAR_MIN)

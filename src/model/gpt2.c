@@ -149,6 +149,28 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
     }
 }
 
+/* Lifetimes of rebuilt slot s: [fwd[0], fwd[1]] while forward writes it,
+ * [bwd[0], bwd[1]] from the backward phase that rebuilds it to the last
+ * backward that reads it. `in` = the slot holds a residual input (written
+ * by the block below) rather than a block's own activation. */
+static void slot_life(const mf_model *m, int s, int in, int fwd[2], int bwd[2]) {
+    int L = m->d.L, seg = m->seg;
+    if (seg) {
+        int hi = s + (L - 1 - s) / seg * seg;            /* highest block using slot s */
+        int top = hi / seg * seg + seg - 1 < L - 1 ? hi / seg * seg + seg - 1 : L - 1;
+        fwd[0] = mf_phase_layer_fwd(m, in ? s - 1 : s);
+        fwd[1] = mf_phase_layer_fwd(m, hi);
+        bwd[0] = mf_phase_layer_bwd(m, top);             /* its segment is rebuilt here */
+        bwd[1] = mf_phase_layer_bwd(m, s);
+    } else {
+        int hi = m->auto_k ? m->auto_k - 1 : L - 1;       /* auto, or selective */
+        fwd[0] = mf_phase_layer_fwd(m, 0);
+        fwd[1] = mf_phase_layer_fwd(m, hi);
+        bwd[0] = mf_phase_layer_bwd(m, hi);
+        bwd[1] = mf_phase_layer_bwd(m, 0);
+    }
+}
+
 int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
                   mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute) {
     memset(m, 0, sizeof *m);
@@ -178,8 +200,10 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     int L = d->L;
     int64_t C = d->C, N = (int64_t)B * T, NH = d->NH;
     m->tensors = calloc((size_t)(2 + L * MF_LAYER_TENSORS + 2), sizeof *m->tensors);
-    m->res = calloc((size_t)L + 1, sizeof *m->res);
-    m->acts = calloc((size_t)L, sizeof *m->acts);
+    m->res = calloc(2 * ((size_t)L + 1), sizeof *m->res);
+    m->rres = m->res ? m->res + L + 1 : NULL;
+    m->acts = calloc(2 * (size_t)L, sizeof *m->acts);
+    m->racts = m->acts ? m->acts + L : NULL;
     if (!m->tensors || !m->res || !m->acts) { mf_model_free(m); return mf_fail("out of memory for the model table"); }
     adder ad = {plan, 0};
     int train = mode == MF_MODE_TRAIN, last = m->n_phases - 1;
@@ -212,18 +236,28 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     m->inputs = add(&ad, "data.inputs", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
     m->targets = add(&ad, "data.targets", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
 
-    /* activations: kept until the layer's backward when training, only for
-     * the layer's own phase otherwise */
+    /* Activations. A row backward needs is either kept (one per layer,
+     * alive from the layer's forward to its backward) or rebuilt: forward
+     * writes it to a slot alive over the forward phases only, and backward
+     * rebuilds it into a second slot alive over the backward phases only,
+     * so neither exists while the head runs. Slots are shared by index:
+     * every recomputed block under `full`/`auto`/`selective` uses slot 0,
+     * block l of a checkpointed segment uses slot l % seg. res/acts are
+     * what the forward pass uses, rres/racts what backward uses (the same
+     * rows for kept activations). */
     char nm[64];
-    int f0 = mf_phase_layer_fwd(m, 0), e0 = mf_phase_layer_bwd(m, 0);
+    int fw[2], bw[2];
     for (int j = 0; j <= L; j++) {
         if (seg && j % seg && j != L) {
-            /* inside a segment: a slot shared by all segments, refilled by
-             * the segment's recomputation in backward */
+            /* inside a segment: refilled by the segment's recomputation */
+            int s = j % seg;
             if (j < seg) {
-                snprintf(nm, sizeof nm, "act.slot%d.in", j);
-                m->res[j] = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, f0, e0, -1);
-            } else m->res[j] = m->res[j % seg];
+                slot_life(m, s, 1, fw, bw);
+                snprintf(nm, sizeof nm, "act.slot%d.fwd.in", s);
+                m->res[j] = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, fw[0], fw[1], -1);
+                snprintf(nm, sizeof nm, "act.slot%d.bwd.in", s);
+                m->rres[j] = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, bw[0], bw[1], -1);
+            } else m->res[j] = m->res[s], m->rres[j] = m->rres[s];
             continue;
         }
         int first = j == 0 ? 0 : mf_phase_layer_fwd(m, j - 1);
@@ -231,47 +265,55 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
         int lastp = train ? (j < L ? mf_phase_layer_bwd(m, j) : mf_phase_head_bwd(m))
                           : (j < L ? mf_phase_layer_fwd(m, j) : mf_phase_head_fwd(m));
         snprintf(nm, sizeof nm, j == 0 ? "act.embed" : "act.h.%d.out", j - 1);
-        m->res[j] = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, first, lastp, j - 1);
+        m->res[j] = m->rres[j] = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, first, lastp, j - 1);
     }
-    /* Rows that backward rebuilds instead of keeping are "shared": one
-     * layer's worth, alive over every layer phase, used by each layer's
-     * forward and by the rebuild inside its backward. "full" shares them
-     * all (only the residual stream is kept per layer); "selective" shares
+    /* "full"/every:N/sqrt/auto rebuild whole blocks; "selective" rebuilds
      * the cheap element-wise outputs (LayerNorm outputs, GELU output) and
-     * keeps the matmul outputs. */
+     * keeps the matmul outputs. A GELU output rebuilt right before its own
+     * layer's backward needs no row at all: it lives in work.dmlp, whose
+     * first use in backward (c_proj's weight gradient) reads it before the
+     * input gradient overwrites it. Only non-top blocks of a segment keep
+     * theirs in a slot until their backward. */
     int sel = train && m->recompute.policy == MF_RECOMPUTE_SELECTIVE;
     for (int l = 0; l < L; l++) {
         int f = mf_phase_layer_fwd(m, l), e = train ? mf_phase_layer_bwd(m, l) : f;
-        mf_layer_acts *A = &m->acts[l];
-#define ACT(field, cheap, nd, a0, a1, a2, a3) \
-        if (l < m->auto_k) { \
-            /* auto: recomputed blocks share slot 0, like full */ \
-            if (l == 0) A->field = add(&ad, "act.slot0." #field, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f0, e0, -1); \
-            else A->field = m->acts[0].field; \
-        } else if (seg) { \
-            if (l < seg) { \
-                snprintf(nm, sizeof nm, "act.slot%d." #field, l); \
-                A->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f0, e0, -1); \
-            } else A->field = m->acts[l % seg].field; \
-        } else if (sel && (cheap)) { \
-            if (l == 0) A->field = add(&ad, "act.layer." #field, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f0, e0, -1); \
-            else A->field = m->acts[0].field; \
+        int whole = l < m->auto_k || seg, s = seg ? l % seg : 0;
+        int in_dmlp = !seg || s == seg - 1;
+        if (whole || sel) slot_life(m, s, 0, fw, bw);
+        mf_layer_acts *A = &m->acts[l], *R = &m->racts[l];
+        /* forward slots are used within the layer's forward only, so a
+         * row whose value is dead by then takes over its bytes: attention's
+         * output and ln_2 reuse ln_1's row, GELU runs in place on fch */
+#define ACT(field, cheap, fwd_alias, nd, a0, a1, a2, a3) \
+        if (whole || (sel && (cheap))) { \
+            if (l == s) { \
+                A->field = fwd_alias; \
+                if (A->field < 0) { \
+                    snprintf(nm, sizeof nm, "act.slot%d.fwd." #field, s); \
+                    A->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, fw[0], fw[1], -1); \
+                } \
+                R->field = -1; \
+                if (!(in_dmlp && strcmp(#field, "fch_gelu") == 0)) { \
+                    snprintf(nm, sizeof nm, "act.slot%d.bwd." #field, s); \
+                    R->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, bw[0], bw[1], -1); \
+                } \
+            } else A->field = m->acts[s].field, R->field = m->racts[s].field; \
         } else { \
             snprintf(nm, sizeof nm, "act.h.%d." #field, l); \
-            A->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f, e, l); \
+            A->field = R->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f, e, l); \
         }
-        ACT(ln1, 1, 2, N, C, 0, 0);
-        ACT(ln1_mean, 0, 1, N, 0, 0, 0);
-        ACT(ln1_rstd, 0, 1, N, 0, 0, 0);
-        ACT(qkv, 0, 2, N, 3 * C, 0, 0);
-        ACT(lse, 0, 3, B, NH, T, 0);
-        ACT(atty, 0, 2, N, C, 0, 0);
-        ACT(xmid, 0, 2, N, C, 0, 0);
-        ACT(ln2, 1, 2, N, C, 0, 0);
-        ACT(ln2_mean, 0, 1, N, 0, 0, 0);
-        ACT(ln2_rstd, 0, 1, N, 0, 0, 0);
-        ACT(fch, 0, 2, N, 4 * C, 0, 0);
-        ACT(fch_gelu, 1, 2, N, 4 * C, 0, 0);
+        ACT(ln1, 1, -1, 2, N, C, 0, 0);
+        ACT(ln1_mean, 0, -1, 1, N, 0, 0, 0);
+        ACT(ln1_rstd, 0, -1, 1, N, 0, 0, 0);
+        ACT(qkv, 0, -1, 2, N, 3 * C, 0, 0);
+        ACT(lse, 0, -1, 3, B, NH, T, 0);
+        ACT(atty, 0, A->ln1, 2, N, C, 0, 0);
+        ACT(xmid, 0, -1, 2, N, C, 0, 0);
+        ACT(ln2, 1, A->ln1, 2, N, C, 0, 0);
+        ACT(ln2_mean, 0, -1, 1, N, 0, 0, 0);
+        ACT(ln2_rstd, 0, -1, 1, N, 0, 0, 0);
+        ACT(fch, 0, -1, 2, N, 4 * C, 0, 0);
+        ACT(fch_gelu, 1, whole ? A->fch : -1, 2, N, 4 * C, 0, 0);
 #undef ACT
     }
     int hf = mf_phase_head_fwd(m), hb = train ? mf_phase_head_bwd(m) : hf;
@@ -286,8 +328,8 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     m->dres = m->dln = m->dbig = m->dqkv = m->attn_scratch = -1;
     if (train) {
         /* one layer's worth of activation gradients, reused down the stack */
-        int b0 = mf_phase_head_bwd(m), l0 = mf_phase_layer_bwd(m, L - 1), l1 = mf_phase_layer_bwd(m, 0);
-        m->dres = add(&ad, "work.dresidual", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, b0, mf_phase_emb_bwd(m), -1);
+        int h0 = mf_phase_head_bwd(m), l0 = mf_phase_layer_bwd(m, L - 1), l1 = mf_phase_layer_bwd(m, 0);
+        m->dres = add(&ad, "work.dresidual", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, h0, mf_phase_emb_bwd(m), -1);
         m->dln = add(&ad, "work.dln", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, hf, l1, -1);
         m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, 4 * C, 0, 0, l0, l1, -1);
         m->dqkv = add(&ad, "work.dqkv", MF_CAT_WORK, MF_DTYPE_F32, 2, N, 3 * C, 0, 0, l0, l1, -1);
@@ -300,7 +342,7 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
 
 void mf_model_free(mf_model *m) {
     free(m->tensors);
-    free(m->res);
+    free(m->res);   /* rres and racts share these allocations */
     free(m->acts);
     memset(m, 0, sizeof *m);
 }
@@ -342,16 +384,24 @@ void mf_model_zero_grads(mf_model *m, mf_arena *a) {
 #define BUF(id) ((float *)mf_arena_get(a, (id)))
 enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB };
 
+/* The GELU output backward reads: its row, or work.dmlp when it is rebuilt
+ * right before the layer's backward (see the plan). */
+static float *gelu_out(mf_model *m, mf_arena *a, const mf_layer_acts *A) {
+    return A->fch_gelu >= 0 ? BUF(A->fch_gelu) : BUF(m->dbig);
+}
+
 /* recompute != 0: a pass inside a backward phase that rebuilds the layer's
- * activations (it stays in that phase); write_out == 0 leaves the layer's
- * output unwritten when that buffer is no longer alive */
+ * activations into the rows backward reads (it stays in that phase);
+ * write_out == 0 leaves the layer's output unwritten when that buffer is no
+ * longer alive */
 static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute, int write_out) {
     int C = m->d.C, NH = m->d.NH, N = B * T;
-    mf_layer_acts *A = &m->acts[l];
+    const mf_layer_acts *A = recompute ? &m->racts[l] : &m->acts[l];
+    const int *res = recompute ? m->rres : m->res;
     if (!recompute) mf_arena_phase(a, mf_phase_layer_fwd(m, l));
-    float *x = BUF(m->res[l]);
+    float *x = BUF(res[l]);
     float *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *lse = BUF(A->lse), *atty = BUF(A->atty);
-    float *ln2 = BUF(A->ln2), *fch = BUF(A->fch), *fchg = BUF(A->fch_gelu);
+    float *ln2 = BUF(A->ln2), *fch = BUF(A->fch), *fchg = gelu_out(m, a, A);
     mf_layernorm_forward(ln1, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
     mf_matmul_forward(qkv, ln1, P(l, QKVW), P(l, QKVB), N, C, 3 * C, 0);
     /* FlashAttention: only the output and each row's log-sum-exp are kept;
@@ -367,7 +417,7 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
     mf_matmul_forward(fch, ln2, P(l, FCW), P(l, FCB), N, C, 4 * C, 0);
     mf_gelu_forward(fchg, fch, (size_t)N * 4 * C);
     if (!write_out) return;
-    float *out = BUF(m->res[l + 1]);
+    float *out = BUF(res[l + 1]);
     memcpy(out, xmid, (size_t)N * C * sizeof(float));
     mf_matmul_forward(out, fchg, P(l, FCPW), P(l, FCPB), N, 4 * C, C, 1);
 }
@@ -434,18 +484,19 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
             for (int k = s0; k <= l; k++) layer_forward(m, a, k, B, T, 1, k < l);
         }
         if (l < m->auto_k) layer_forward(m, a, l, B, T, 1, 0);
+        const mf_layer_acts *A = &m->racts[l];
         if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE) {
             /* rebuild the element-wise outputs from the kept inputs; the
              * statistics come out bit-identical to the forward's */
-            mf_layer_acts *S = &m->acts[l];
-            mf_layernorm_forward(BUF(S->ln1), BUF(S->ln1_mean), BUF(S->ln1_rstd), BUF(m->res[l]), P(l, LN1W), P(l, LN1B), N, C);
-            mf_layernorm_forward(BUF(S->ln2), BUF(S->ln2_mean), BUF(S->ln2_rstd), BUF(S->xmid), P(l, LN2W), P(l, LN2B), N, C);
-            mf_gelu_forward(BUF(S->fch_gelu), BUF(S->fch), (size_t)N * 4 * C);
+            mf_layernorm_forward(BUF(A->ln1), BUF(A->ln1_mean), BUF(A->ln1_rstd), BUF(m->rres[l]), P(l, LN1W), P(l, LN1B), N, C);
+            mf_layernorm_forward(BUF(A->ln2), BUF(A->ln2_mean), BUF(A->ln2_rstd), BUF(A->xmid), P(l, LN2W), P(l, LN2B), N, C);
+            mf_gelu_forward(gelu_out(m, a, A), BUF(A->fch), (size_t)N * 4 * C);
         }
-        mf_layer_acts *A = &m->acts[l];
         float *dbig = BUF(m->dbig), *dqkv = BUF(m->dqkv);
-        /* MLP: out = xmid + gelu(ln2 @ Wfc + b) @ Wfcp + b */
-        mf_matmul_backward(dbig, G(l, FCPW), G(l, FCPB), dres, BUF(A->fch_gelu), P(l, FCPW), N, 4 * C, C);
+        /* MLP: out = xmid + gelu(ln2 @ Wfc + b) @ Wfcp + b; the GELU output
+         * may live in dbig itself (matmul_backward reads inp before it
+         * writes dinp) */
+        mf_matmul_backward(dbig, G(l, FCPW), G(l, FCPB), dres, gelu_out(m, a, A), P(l, FCPW), N, 4 * C, C);
         mf_gelu_backward(dbig, BUF(A->fch), dbig, (size_t)N * 4 * C);
         mf_matmul_backward(dln, G(l, FCW), G(l, FCB), dbig, BUF(A->ln2), P(l, FCW), N, C, 4 * C);
         mf_layernorm_backward(dres, G(l, LN2W), G(l, LN2B), dln, BUF(A->xmid), P(l, LN2W),
@@ -455,7 +506,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
         mf_flash_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
                                     B, T, C, NH);
         mf_matmul_backward(dln, G(l, QKVW), G(l, QKVB), dqkv, BUF(A->ln1), P(l, QKVW), N, C, 3 * C);
-        mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->res[l]), P(l, LN1W),
+        mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->rres[l]), P(l, LN1W),
                               BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
     }
     mf_arena_phase(a, mf_phase_emb_bwd(m));
