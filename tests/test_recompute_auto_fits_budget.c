@@ -48,7 +48,9 @@ static size_t arena_k(const char *data, int k) {
     mf_model_dims(&c, &d);
     mf_plan_init(&p, mf_model_n_phases(&d, MF_MODE_TRAIN));
     mf_recompute rc = {MF_RECOMPUTE_AUTO, k};
-    if (mf_model_plan(&m, &p, &d, c.batch, c.seq, MF_MODE_TRAIN, 2, c.loss_chunk, rc)) { CHECK(0, "%s", mf_error()); return 0; }
+    mf_optim opt;
+    mf_optim_init(&opt, &c);
+    if (mf_model_plan(&m, &p, &d, c.batch, c.seq, MF_MODE_TRAIN, 2, c.loss_chunk, rc, &opt)) { CHECK(0, "%s", mf_error()); return 0; }
     mf_plan_layout(&p);
     size_t a = p.arena_bytes;
     mf_model_free(&m);

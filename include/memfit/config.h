@@ -30,6 +30,11 @@ typedef struct {
     double lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
     int warmup;
     char decay_on[8];         /* 2d | all | none */
+    char optimizer[16];       /* adamw | adamw8bit | adafactor | sgd */
+    int optim_block;          /* adamw8bit quantisation block */
+    double momentum;          /* sgd momentum, adafactor beta1 (0 = none) */
+    int relative_step;        /* adafactor: lr from the step count */
+    int update_in_backward;   /* apply each update as its gradient completes */
     uint64_t seed;
     /* data */
     char data[MF_PATH_MAX], val_data[MF_PATH_MAX], tokenizer_dir[MF_PATH_MAX];
@@ -50,7 +55,7 @@ typedef struct {
     char recompute[16];       /* none | full */
     int log_every;
     int progress;             /* -1 auto (terminal), 0 off, 1 on */
-    unsigned char set_by_user[96]; /* per table row: 1 if file or flag set it */
+    unsigned char set_by_user[128]; /* per table row: 1 if file or flag set it */
 } mf_config;
 
 /* Fills every field with the table's defaults. */

@@ -15,6 +15,7 @@
 
 #include "memfit/config.h"
 #include "memfit/core.h"
+#include "memfit/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,7 +70,8 @@ typedef struct {
     int64_t rows_file;  /* rows in files (wte: V) */
     int64_t numel;
     int decay;          /* AdamW weight decay applies (2-D by default; the trainer applies decay_on) */
-    int p, g, m, v;     /* plan ids: param, grad, adam m, adam v (-1 if none) */
+    int p, g;           /* plan ids: param, grad (-1 if none) */
+    int st[MF_OPTIM_STATES]; /* optimizer state rows (mf_optim_plan; -1 if none) */
 } mf_tensor;
 
 typedef struct {
@@ -102,6 +104,7 @@ typedef struct {
     int auto_k;           /* auto: blocks 0..auto_k-1 are recomputed in full */
     int logits_all;       /* last sampling forward computed every row */
     int dres, dln, dbig, dqkv, attn_scratch; /* backward scratch, one layer's worth */
+    mf_optim opt;         /* training: the optimizer whose state rows are planned */
 } mf_model;
 
 /* Phases of one micro-step (lifetimes are ranges of these). */
@@ -115,15 +118,21 @@ int mf_phase_optim(const mf_model *m);
 const char *mf_phase_name(const mf_model *m, int ph, char *buf, size_t n);
 
 /* Declares every row of the model in `plan` (which must have been
- * initialised with mf_model_n_phases). */
+ * initialised with mf_model_n_phases). Training plans declare the state
+ * rows of `opt` (copied into the model); forward-only plans pass NULL. */
 int mf_model_n_phases(const mf_dims *d, mf_mode mode);
 int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
-                  mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute);
+                  mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute,
+                  const mf_optim *opt);
 void mf_model_free(mf_model *m);
 
 /* GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
  * biases 0, LayerNorm weights 1; optimizer state and gradients zero. */
 void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed);
+/* Pointers to tensor t's optimizer state rows (NULL where unused). */
+void mf_model_state_ptrs(const mf_model *m, const mf_arena *a, const mf_tensor *t, void *ptr[MF_OPTIM_STATES]);
+/* Sets tensor t's optimizer state to "no steps yet". */
+void mf_model_zero_state(const mf_model *m, const mf_arena *a, const mf_tensor *t);
 
 /* Forward on the first B x T of the planned batch (inputs/targets already
  * in the arena). Returns the mean loss over B*T positions. If dscale != 0

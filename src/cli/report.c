@@ -116,21 +116,37 @@ static void per_layer(const mf_plan *p, int L, size_t (*out)[MF_CAT_COUNT]) {
     }
 }
 
-static const mf_cat shown[] = {MF_CAT_PARAMS, MF_CAT_GRADS, MF_CAT_OPTIM, MF_CAT_ACTS, MF_CAT_WORK, MF_CAT_DATA};
-static const char *shown_label[] = {"params", "grads", "optimizer", "activations", "scratch", "data"};
-#define NSHOWN 6
+/* always shown, in this order; the other categories when they hold bytes */
+static const mf_cat shown[] = {MF_CAT_PARAMS, MF_CAT_GRADS, MF_CAT_OPTIM, MF_CAT_ACTS, MF_CAT_WORK, MF_CAT_DATA,
+                               MF_CAT_MASTER, MF_CAT_ADAPTER, MF_CAT_QUANT, MF_CAT_COMM};
+static const char *shown_label[] = {"params", "grads", "optimizer", "activations", "scratch", "data",
+                                    "master", "adapter", "quant", "comm"};
+#define NALWAYS 6
+#define NSHOWN 10
+
+/* "fp32 AdamW", "fp32 adamw8bit (blocks of 2048)", "fp32 adafactor" */
+static const char *optim_desc(const mf_model *m, char *buf, size_t n) {
+    const mf_optim *o = &m->opt;
+    if (m->mode != MF_MODE_TRAIN) snprintf(buf, n, "forward only");
+    else if (o->kind == MF_OPTIM_ADAMW8BIT) snprintf(buf, n, "adamw8bit (blocks of %d)", o->block);
+    else if (o->kind == MF_OPTIM_ADAFACTOR || o->kind == MF_OPTIM_SGD)
+        snprintf(buf, n, "%s%s", mf_optim_name(o->kind), o->momentum > 0 ? " with momentum" : "");
+    else snprintf(buf, n, "adamw");
+    return buf;
+}
 
 void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const mf_plan *p,
                         const mf_model *m, size_t runtime) {
     char a[32], b[32];
-    char rc[64];
-    fprintf(f, "model %s: %lld params (L%d C%d H%d, block %d, vocab %d), batch %d x seq %d, fp32 AdamW, recompute %s\n",
+    char rc[64], od[64];
+    fprintf(f, "model %s: %lld params (L%d C%d H%d, block %d, vocab %d), batch %d x seq %d, fp32, optimizer %s, recompute %s\n",
             cfg->model, (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T,
-            recompute_desc(cfg, m, rc, sizeof rc));
+            optim_desc(m, od, sizeof od), recompute_desc(cfg, m, rc, sizeof rc));
     fprintf(f, "\n  %-12s %14s %12s   %s\n", "category", "bytes", "", "at the peak (category's own max)");
     size_t tot = 0;
     for (int k = 0; k < NSHOWN; k++) {
         mf_cat c = shown[k];
+        if (k >= NALWAYS && !p->max_cat[c]) continue;
         fprintf(f, "  %-12s %14zu %12s   (%s)\n", shown_label[k], p->peak_cat[c], sz(p->peak_cat[c], a),
                 sz(p->max_cat[c], b));
         tot += p->peak_cat[c];
@@ -167,6 +183,7 @@ void mf_report_estimate_json(FILE *f, const mf_config *cfg, const mf_dims *d, co
     if (m->recompute.policy == MF_RECOMPUTE_AUTO) cJSON_AddNumberToObject(o, "recompute_blocks", m->auto_k);
     cJSON *bytes = cJSON_AddObjectToObject(o, "bytes");
     for (int i = 0; i < MF_CAT_COUNT; i++) cJSON_AddNumberToObject(bytes, mf_cat_name((mf_cat)i), (double)p->peak_cat[i]);
+    cJSON_AddStringToObject(o, "optimizer", m->mode == MF_MODE_TRAIN ? mf_optim_name(m->opt.kind) : "");
     for (int k = 0; k < NSHOWN; k++) cJSON_AddNumberToObject(o, shown_label[k], (double)p->peak_cat[shown[k]]);
     cJSON *mx = cJSON_AddObjectToObject(o, "max");
     for (int i = 0; i < MF_CAT_COUNT; i++) cJSON_AddNumberToObject(mx, mf_cat_name((mf_cat)i), (double)p->max_cat[i]);

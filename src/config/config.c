@@ -42,11 +42,16 @@ static const key_row keys[] = {
     {"lr", T_FLOAT, F(lr), 0, "1e-3", 0, 10, "peak learning rate"},
     {"min_lr_frac", T_FLOAT, F(min_lr_frac), 0, "0.1", 0, 1, "cosine decay ends at lr x min_lr_frac"},
     {"warmup", T_INT, F(warmup), 0, "20", 0, 1 << 30, "linear warm-up steps"},
-    {"weight_decay", T_FLOAT, F(weight_decay), 0, "0.1", 0, 10, "AdamW decoupled weight decay"},
+    {"weight_decay", T_FLOAT, F(weight_decay), 0, "0.1", 0, 10, "weight decay: decoupled for adamw, adamw8bit and adafactor; added to the gradient for sgd (as torch does)"},
     {"decay_on", T_STR, S(decay_on), "2d", 0, 0, "tensors that decay: 2d (matrices and embeddings), all, none"},
-    {"beta1", T_FLOAT, F(beta1), 0, "0.9", 0, 0.999999, "AdamW beta1"},
-    {"beta2", T_FLOAT, F(beta2), 0, "0.95", 0, 0.99999999, "AdamW beta2"},
-    {"eps", T_FLOAT, F(eps), 0, "1e-8", 1e-30, 1, "AdamW epsilon"},
+    {"beta1", T_FLOAT, F(beta1), 0, "0.9", 0, 0.999999, "AdamW and 8-bit AdamW beta1"},
+    {"beta2", T_FLOAT, F(beta2), 0, "0.95", 0, 0.99999999, "AdamW and 8-bit AdamW beta2"},
+    {"eps", T_FLOAT, F(eps), 0, "1e-8", 1e-30, 1, "AdamW and 8-bit AdamW epsilon"},
+    {"optimizer", T_STR, S(optimizer), "adamw", 0, 0, "adamw, adamw8bit (block-wise 8-bit moments), adafactor (factored second moments), sgd"},
+    {"optim_block", T_INT, F(optim_block), 0, "2048", 16, 4096, "adamw8bit: elements per quantisation block (one fp32 absmax each)"},
+    {"momentum", T_FLOAT, F(momentum), 0, "0", 0, 0.999999, "sgd momentum, adafactor first-moment decay (0 = none)"},
+    {"relative_step", T_BOOL, F(relative_step), 0, "0", 0, 1, "adafactor: step size min(1e-2, 1/sqrt(t)) x RMS(param) instead of lr"},
+    {"update_in_backward", T_BOOL, F(update_in_backward), 0, "0", 0, 1, "apply each tensor's update as soon as its gradient is complete and drop the gradient (needs grad_accum 1, grad_clip 0)"},
     {"grad_clip", T_FLOAT, F(grad_clip), 0, "1.0", 0, BIG, "global gradient-norm clip (0 = off)"},
     {"seed", T_U64, F(seed), 0, "1337", 0, 0, "seed for weights, dropout-free sampling and data order"},
     {"data", T_STR, S(data), "", 0, 0, "training token file (memfit tokenize); empty = the default corpus in the cache"},
@@ -153,6 +158,7 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
     if (apply(c, r, value)) return -1;
     static const char *const tok[] = {"", "gpt2", "bytes", NULL};
     static const char *const decay[] = {"2d", "all", "none", NULL};
+    static const char *const opt[] = {"adamw", "adamw8bit", "adafactor", "sgd", NULL};
     if (strcmp(r->key, "recompute") == 0) {
         /* the model module owns the policy names */
         mf_recompute rc;
@@ -160,6 +166,7 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
     }
     if (strcmp(r->key, "tokenizer") == 0 && check_enum(r->key, value, tok)) return -1;
     if (strcmp(r->key, "decay_on") == 0 && check_enum(r->key, value, decay)) return -1;
+    if (strcmp(r->key, "optimizer") == 0 && check_enum(r->key, value, opt)) return -1;
     c->set_by_user[idx] = 1;
     return 0;
 }

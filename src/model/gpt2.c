@@ -138,14 +138,13 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
     int last = m->n_phases - 1;
     char nm[64];
     t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
-    t->g = t->m = t->v = -1;
+    t->g = -1;
+    for (int i = 0; i < MF_OPTIM_STATES; i++) t->st[i] = -1;
     if (m->mode == MF_MODE_TRAIN) {
         snprintf(nm, sizeof nm, "grad.%s", name);
         t->g = add(ad, nm, MF_CAT_GRADS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
-        snprintf(nm, sizeof nm, "adam.m.%s", name);
-        t->m = add(ad, nm, MF_CAT_OPTIM, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
-        snprintf(nm, sizeof nm, "adam.v.%s", name);
-        t->v = add(ad, nm, MF_CAT_OPTIM, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
+        if (!ad->err && mf_optim_plan(&m->opt, ad->plan, name, ndim, d0, ndim > 1 ? d1 : 1, 0, last, layer, t->st))
+            ad->err = 1;
     }
 }
 
@@ -172,8 +171,11 @@ static void slot_life(const mf_model *m, int s, int in, int fwd[2], int bwd[2]) 
 }
 
 int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
-                  mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute) {
+                  mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute,
+                  const mf_optim *opt) {
     memset(m, 0, sizeof *m);
+    if (mode == MF_MODE_TRAIN && !opt) return mf_fail("a training plan needs an optimizer");
+    if (opt) m->opt = *opt;
     if (B < 1 || T < 1) return mf_fail("batch and seq must be >= 1 (got %d, %d)", B, T);
     if (T > d->maxT) return mf_fail("seq %d exceeds the model's block_size %d", T, d->maxT);
     m->d = *d;
@@ -349,6 +351,17 @@ void mf_model_free(mf_model *m) {
 
 /* ---- init ------------------------------------------------------------ */
 
+void mf_model_state_ptrs(const mf_model *m, const mf_arena *a, const mf_tensor *t, void *ptr[MF_OPTIM_STATES]) {
+    (void)m;
+    for (int i = 0; i < MF_OPTIM_STATES; i++) ptr[i] = t->st[i] >= 0 ? mf_arena_ptr(a, t->st[i]) : NULL;
+}
+
+void mf_model_zero_state(const mf_model *m, const mf_arena *a, const mf_tensor *t) {
+    void *ptr[MF_OPTIM_STATES];
+    mf_model_state_ptrs(m, a, t, ptr);
+    mf_optim_zero(&m->opt, ptr, t->st, t->shape[0], t->ndim > 1 ? t->shape[1] : 1);
+}
+
 void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
     mf_rng rng;
     mf_rng_seed(&rng, seed);
@@ -367,8 +380,7 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
         if (strcmp(nm, "wte.weight") == 0) /* padding rows stay zero */
             memset(p + t->rows_file * t->shape[1], 0, (size_t)((t->shape[0] - t->rows_file) * t->shape[1]) * sizeof *p);
         if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * sizeof(float));
-        if (t->m >= 0) memset(mf_arena_ptr(a, t->m), 0, (size_t)t->numel * sizeof(float));
-        if (t->v >= 0) memset(mf_arena_ptr(a, t->v), 0, (size_t)t->numel * sizeof(float));
+        if (m->mode == MF_MODE_TRAIN) mf_model_zero_state(m, a, t);
     }
 }
 

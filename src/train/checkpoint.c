@@ -2,9 +2,11 @@
  *
  * Weights use Hugging Face GPT-2 names and shapes (wte has V rows; the
  * padding rows memfit adds are zero and are not written). A checkpoint is
- * the weights plus "adam.m.<name>", "adam.v.<name>" and metadata (format,
- * dims, step, data position, RNG state, config), written atomically, so a
- * crash mid-write leaves the previous checkpoint intact. */
+ * the weights plus every optimizer state row under its plan name
+ * ("adam.m.<name>", "adam8.m_absmax.<name>", "adafactor.row.<name>", ...,
+ * whole rows in their plan dtype and shape) and metadata (format, dims,
+ * optimizer, step, data position, RNG state, config), written atomically,
+ * so a crash mid-write leaves the previous checkpoint intact. */
 #include "memfit/io.h"
 #include "memfit/train.h"
 
@@ -14,24 +16,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CKPT_FORMAT "memfit-checkpoint-1"
+#define CKPT_FORMAT "memfit-checkpoint-2"
 
 static int add_entries(const mf_trainer *t, mf_st_entry *e, char (*names)[64], int with_optim) {
     const mf_model *m = &t->model;
     int n = 0;
-    for (int k = 0; k < (with_optim ? 3 : 1); k++) {
-        for (int i = 0; i < m->n_tensors; i++) {
-            const mf_tensor *x = &m->tensors[i];
-            int id = k == 0 ? x->p : k == 1 ? x->m : x->v;
-            if (k == 0) snprintf(names[n], 64, "%s", x->name);
-            else snprintf(names[n], 64, "adam.%c.%s", k == 1 ? 'm' : 'v', x->name);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const mf_tensor *x = &m->tensors[i];
+        snprintf(names[n], 64, "%s", x->name);
+        e[n].name = names[n];
+        e[n].dtype = MF_DTYPE_F32;
+        e[n].ndim = x->ndim;
+        e[n].shape[0] = x->rows_file;
+        e[n].shape[1] = x->shape[1];
+        e[n].data = mf_arena_ptr(&t->arena, x->p);
+        e[n].nbytes = (size_t)(x->rows_file * (x->ndim > 1 ? x->shape[1] : 1)) * sizeof(float);
+        n++;
+    }
+    for (int i = 0; with_optim && i < m->n_tensors; i++) {
+        for (int k = 0; k < MF_OPTIM_STATES; k++) {
+            int id = m->tensors[i].st[k];
+            if (id < 0) continue;
+            const mf_buf *b = &t->plan.bufs[id];
+            snprintf(names[n], 64, "%s", b->name);
             e[n].name = names[n];
-            e[n].dtype = MF_DTYPE_F32;
-            e[n].ndim = x->ndim;
-            e[n].shape[0] = x->rows_file;
-            e[n].shape[1] = x->shape[1];
+            e[n].dtype = b->dtype;
+            e[n].ndim = b->ndim;
+            for (int d = 0; d < b->ndim; d++) e[n].shape[d] = b->shape[d];
             e[n].data = mf_arena_ptr(&t->arena, id);
-            e[n].nbytes = (size_t)(x->rows_file * (x->ndim > 1 ? x->shape[1] : 1)) * sizeof(float);
+            e[n].nbytes = (size_t)b->numel * mf_dtype_size(b->dtype);
             n++;
         }
     }
@@ -39,7 +52,7 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, char (*names)[64], i
 }
 
 static int save(const mf_trainer *t, const char *path, int with_optim) {
-    int nt = t->model.n_tensors * (with_optim ? 3 : 1);
+    int nt = t->model.n_tensors * (with_optim ? 1 + MF_OPTIM_STATES : 1);
     mf_st_entry *e = calloc((size_t)nt, sizeof *e);
     char (*names)[64] = calloc((size_t)nt, sizeof *names);
     char *cfg = malloc(1 << 16);
@@ -51,9 +64,10 @@ static int save(const mf_trainer *t, const char *path, int with_optim) {
     snprintf(pos, sizeof pos, "%" PRIu64, t->data_pos);
     snprintf(rng, sizeof rng, "%" PRIu64, t->rng.s);
     int rc = mf_config_to_yaml(&t->cfg, cfg, 1 << 16);
-    const char *keys[] = {"format", "dims", "tokenizer", "step", "data_pos", "rng", "config"};
-    const char *vals[] = {with_optim ? CKPT_FORMAT : "memfit-weights-1", dims, t->d.tokenizer, step, pos, rng, cfg};
-    if (rc == 0) rc = mf_st_write(path, e, n, keys, vals, with_optim ? 7 : 3);
+    const char *keys[] = {"format", "dims", "tokenizer", "step", "data_pos", "rng", "optimizer", "config"};
+    const char *vals[] = {with_optim ? CKPT_FORMAT : "memfit-weights-1", dims, t->d.tokenizer, step, pos, rng,
+                          mf_optim_name(t->model.opt.kind), cfg};
+    if (rc == 0) rc = mf_st_write(path, e, n, keys, vals, with_optim ? 8 : 3);
     free(e);
     free(names);
     free(cfg);
@@ -116,6 +130,32 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
     return 0;
 }
 
+/* Copies state row `id` from the tensor of the same name, which must have
+ * the row's dtype and shape exactly. */
+static int load_state_row(const mf_trainer *t, const mf_st_file *f, const char *path, int id) {
+    const mf_buf *b = &t->plan.bufs[id];
+    const mf_st_tensor *s = mf_st_find(f, b->name);
+    if (!s) return mf_fail("%s: optimizer state '%s' is missing", path, b->name);
+    int ok = s->dtype == b->dtype && s->ndim == b->ndim;
+    for (int d = 0; ok && d < b->ndim; d++) ok = s->shape[d] == b->shape[d];
+    if (!ok || s->nbytes != (size_t)b->numel * mf_dtype_size(b->dtype)) {
+        char x[64], y[64];
+        shape_str(x, sizeof x, s->ndim, s->shape);
+        shape_str(y, sizeof y, b->ndim, b->shape);
+        return mf_fail("%s: optimizer state '%s' is %s %s, the run needs %s %s", path, b->name,
+                       mf_dtype_name(s->dtype), x, mf_dtype_name(b->dtype), y);
+    }
+    copy_and_drop(mf_arena_ptr(&t->arena, id), s->data, s->nbytes);
+    return 0;
+}
+
+static int is_state_name(const char *name) {
+    static const char *prefix[] = {"adam.", "adam8.", "adafactor.", "sgd."};
+    for (size_t i = 0; i < sizeof prefix / sizeof prefix[0]; i++)
+        if (strncmp(name, prefix[i], strlen(prefix[i])) == 0) return 1;
+    return 0;
+}
+
 static int ignorable(const char *name) {
     size_t n = strlen(name);
     /* tied head and attention mask buffers some exporters include */
@@ -133,7 +173,7 @@ int mf_trainer_load_weights(mf_trainer *t, const char *path) {
     for (int i = 0; i < f.n && !rc; i++) {
         const char *nm = f.tensors[i].name;
         if (strncmp(nm, "transformer.", 12) == 0) nm += 12;
-        int known = ignorable(nm) || strncmp(nm, "adam.", 5) == 0;
+        int known = ignorable(nm) || is_state_name(nm);
         for (int k = 0; k < t->model.n_tensors && !known; k++) known = strcmp(nm, t->model.tensors[k].name) == 0;
         if (!known) rc = mf_fail("%s: unexpected tensor '%s' (not part of this GPT-2 model)", path, f.tensors[i].name);
     }
@@ -145,22 +185,24 @@ int mf_trainer_load_checkpoint(mf_trainer *t, const char *path) {
     mf_st_file f;
     if (mf_st_open(&f, path)) return -1;
     int rc = 0;
-    const char *fmt = mf_st_meta(&f, "format"), *dims = mf_st_meta(&f, "dims");
+    const char *fmt = mf_st_meta(&f, "format"), *dims = mf_st_meta(&f, "dims"), *opt = mf_st_meta(&f, "optimizer");
     const char *step = mf_st_meta(&f, "step"), *pos = mf_st_meta(&f, "data_pos"), *rng = mf_st_meta(&f, "rng");
     char want[128];
     snprintf(want, sizeof want, "%d,%d,%d,%d,%d", t->d.L, t->d.C, t->d.NH, t->d.maxT, t->d.V);
-    if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0) rc = mf_fail("%s is not a memfit checkpoint (format '%s')", path, fmt ? fmt : "none");
+    const mf_model *m = &t->model;
+    int train = t->mode == MF_MODE_TRAIN;  /* inference needs no optimizer state */
+    if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0)
+        rc = mf_fail("%s is not a memfit checkpoint of this version (format '%s', expected %s)", path, fmt ? fmt : "none", CKPT_FORMAT);
     else if (!dims || strcmp(dims, want) != 0)
         rc = mf_fail("%s: checkpoint model (L,C,H,T,V) = %s does not match the configured %s", path, dims ? dims : "?", want);
-    else if (!step || !pos || !rng) rc = mf_fail("%s: checkpoint metadata incomplete", path);
-    const mf_model *m = &t->model;
-    int kinds = t->mode == MF_MODE_TRAIN ? 3 : 1;  /* inference needs no AdamW state */
-    for (int k = 0; k < kinds && !rc; k++) {
-        for (int i = 0; i < m->n_tensors && !rc; i++) {
-            const mf_tensor *x = &m->tensors[i];
-            rc = load_tensor(t, &f, path, k == 0 ? "" : k == 1 ? "adam.m." : "adam.v.", x,
-                             k == 0 ? x->p : k == 1 ? x->m : x->v);
-        }
+    else if (!step || !pos || !rng || !opt) rc = mf_fail("%s: checkpoint metadata incomplete", path);
+    else if (train && strcmp(opt, mf_optim_name(m->opt.kind)) != 0)
+        rc = mf_fail("%s holds %s state but the run uses optimizer %s", path, opt, mf_optim_name(m->opt.kind));
+    for (int i = 0; i < m->n_tensors && !rc; i++) {
+        const mf_tensor *x = &m->tensors[i];
+        rc = load_tensor(t, &f, path, "", x, x->p);
+        for (int k = 0; train && k < MF_OPTIM_STATES && !rc; k++)
+            if (x->st[k] >= 0) rc = load_state_row(t, &f, path, x->st[k]);
     }
     if (!rc) {
         char *e1, *e2, *e3;

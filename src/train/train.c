@@ -55,8 +55,11 @@ void mf_blas_warmup(const mf_dims *d, int rows) {
 static int plan_once(const mf_config *cfg, mf_mode mode, int nthreads, const mf_dims *d,
                      mf_recompute rc, mf_plan *plan, mf_model *model) {
     int T = cfg->seq ? cfg->seq : d->maxT;
+    mf_optim opt;
+    if (mode == MF_MODE_TRAIN && mf_optim_init(&opt, cfg)) return -1;
     if (mf_plan_init(plan, mf_model_n_phases(d, mode))) return -1;
-    if (mf_model_plan(model, plan, d, cfg->batch, T, mode, nthreads, cfg->loss_chunk, rc)) { mf_plan_free(plan); return -1; }
+    if (mf_model_plan(model, plan, d, cfg->batch, T, mode, nthreads, cfg->loss_chunk, rc,
+                      mode == MF_MODE_TRAIN ? &opt : NULL)) { mf_plan_free(plan); return -1; }
     mf_plan_layout(plan);
     return 0;
 }
@@ -288,9 +291,11 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
     const mf_config *c = &t->cfg;
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *x = &m->tensors[i];
-        mf_adamw_update(mf_arena_get(a, x->p), mf_arena_get(a, x->g), mf_arena_get(a, x->m), mf_arena_get(a, x->v),
-                        (size_t)x->numel, (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
-                        x->decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
+        void *st[MF_OPTIM_STATES];
+        for (int k = 0; k < MF_OPTIM_STATES; k++) st[k] = x->st[k] >= 0 ? mf_arena_get(a, x->st[k]) : NULL;
+        mf_optim_update(&m->opt, st, mf_arena_get(a, x->p), mf_arena_get(a, x->g), x->ndim, x->shape[0],
+                        x->ndim > 1 ? x->shape[1] : 1, (float)lr, x->decay ? (float)c->weight_decay : 0.0f,
+                        t->step + 1, gscale);
     }
     t->step++;
     if (st) {
