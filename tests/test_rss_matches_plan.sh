@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Peak RSS of real training runs is within max(3%, 32 MiB) of the measured
 # baseline plus the planned arena, and the ledger equals the plan, for
-# models from 1M to 124M parameters and every recompute policy. (Release
-# build only: sanitizers change the process's memory.)
+# models from 1M to 124M parameters, every recompute policy and every
+# optimizer. (Release build only: sanitizers change the process's memory.)
 set -u
 M=${MEMFIT_BIN:?}
 W=$(mktemp -d /tmp/memfit-rss-XXXXXX)
@@ -38,6 +38,12 @@ done
 run gpt2-124m-B2-T256-full --model gpt2-124m --batch 2 --seq 256 --steps 1 --recompute full
 # auto under a budget between "full" and "none"
 run gpt2-10m-B8-T256-auto --model gpt2-10m --batch 8 --seq 256 --steps 2 --recompute auto --budget 330MiB
+# every optimizer's state, and gradients dropped as the update consumes them
+for o in adamw8bit adafactor sgd; do
+  run "gpt2-10m-B8-T256-$o" --model gpt2-10m --batch 8 --seq 256 --steps 2 --optimizer "$o" --momentum 0.9
+done
+run gpt2-124m-B2-T256-adamw8bit-uib --model gpt2-124m --batch 2 --seq 256 --steps 1 --optimizer adamw8bit \
+  --update_in_backward --grad_clip 0 --recompute full
 # loading a checkpoint after the arena exists must not add the file to the peak
 run gpt2-10m-save --model gpt2-10m --batch 4 --seq 128 --steps 1 --out_dir "$W/ck"
 run gpt2-10m-resume --model gpt2-10m --batch 4 --seq 128 --steps 2 --resume "$W/ck/checkpoint.safetensors"

@@ -105,6 +105,10 @@ typedef struct {
     int logits_all;       /* last sampling forward computed every row */
     int dres, dln, dbig, dqkv, attn_scratch; /* backward scratch, one layer's worth */
     mf_optim opt;         /* training: the optimizer whose state rows are planned */
+    /* update_in_backward: called when tensors [first, first+n) have their
+     * complete gradient (inside the backward phase that finished them) */
+    void (*grads_ready)(void *ctx, int first, int n);
+    void *grads_ctx;
 } mf_model;
 
 /* Phases of one micro-step (lifetimes are ranges of these). */
@@ -146,6 +150,8 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T);
  * phase change). Every row exists when B*T <= chunk_rows; otherwise only each
  * sequence's last position (t = T-1). */
 const float *mf_model_logits(mf_model *m, mf_arena *a, int T, int b, int t);
+/* Zeroes every gradient before a step's first micro-batch (with
+ * update_in_backward the model zeroes each gradient at its first phase). */
 void mf_model_zero_grads(mf_model *m, mf_arena *a);
 
 #ifdef __cplusplus

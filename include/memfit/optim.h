@@ -143,11 +143,13 @@ typedef struct {
     mf_optim_kind kind;
     float beta1, beta2, eps, momentum;
     int block;                     /* adamw8bit */
+    int in_backward;               /* update each tensor as its gradient completes */
     mf_adafactor_hp af;            /* adafactor; lr and wd are set per update */
     float map_signed[256], map_unsigned[256];
 } mf_optim;
 
-/* Reads optimizer, optim_block, beta1/beta2/eps, momentum, relative_step. */
+/* Reads optimizer, optim_block, beta1/beta2/eps, momentum, relative_step,
+ * update_in_backward; refuses combinations that cannot work together. */
 int mf_optim_init(mf_optim *o, const mf_config *cfg);
 const char *mf_optim_name(mf_optim_kind k);
 

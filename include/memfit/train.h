@@ -60,6 +60,9 @@ typedef struct {
     int n_val_batches;
     uint64_t data_pos;    /* next training window, relative to train_lo */
     int step;             /* optimizer steps done */
+    double lr;            /* learning rate of the step in progress */
+    double uib_sumsq;     /* update_in_backward: squared gradient norm so far */
+    int uib_bad;          /* update_in_backward: a gradient was not finite */
     mf_rng rng;
     int32_t *sample_ctx;  /* T ids */
     float *sample_probs;  /* V floats */

@@ -141,8 +141,18 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
     t->g = -1;
     for (int i = 0; i < MF_OPTIM_STATES; i++) t->st[i] = -1;
     if (m->mode == MF_MODE_TRAIN) {
+        /* with update_in_backward a gradient lives only from the phase
+         * that starts it to the phase that completes it (then the update
+         * consumes it): one layer's worth plus the tied embedding's */
+        int g0 = 0, g1 = last;
+        if (m->opt.in_backward) {
+            if (layer >= 0) g0 = g1 = mf_phase_layer_bwd(m, layer);
+            else if (strcmp(name, "wte.weight") == 0) g0 = mf_phase_head_fwd(m), g1 = mf_phase_emb_bwd(m);
+            else if (strcmp(name, "wpe.weight") == 0) g0 = g1 = mf_phase_emb_bwd(m);
+            else g0 = g1 = mf_phase_head_bwd(m);  /* ln_f */
+        }
         snprintf(nm, sizeof nm, "grad.%s", name);
-        t->g = add(ad, nm, MF_CAT_GRADS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
+        t->g = add(ad, nm, MF_CAT_GRADS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, g0, g1, layer);
         if (!ad->err && mf_optim_plan(&m->opt, ad->plan, name, ndim, d0, ndim > 1 ? d1 : 1, 0, last, layer, t->st))
             ad->err = 1;
     }
@@ -384,9 +394,22 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
     }
 }
 
-void mf_model_zero_grads(mf_model *m, mf_arena *a) {
-    for (int i = 0; i < m->n_tensors; i++)
+static void zero_g(mf_model *m, mf_arena *a, int first, int n) {
+    for (int i = first; i < first + n; i++)
         if (m->tensors[i].g >= 0) memset(mf_arena_get(a, m->tensors[i].g), 0, (size_t)m->tensors[i].numel * sizeof(float));
+}
+
+void mf_model_zero_grads(mf_model *m, mf_arena *a) {
+    if (!m->opt.in_backward) zero_g(m, a, 0, m->n_tensors);
+}
+
+/* update_in_backward: tensors [first, first+n) start their gradient in
+ * this phase (zero it) or finish it (hand it to the optimizer) */
+static void grads_start(mf_model *m, mf_arena *a, int first, int n) {
+    if (m->opt.in_backward) zero_g(m, a, first, n);
+}
+static void grads_done(mf_model *m, int first, int n) {
+    if (m->opt.in_backward && m->grads_ready) m->grads_ready(m->grads_ctx, first, n);
 }
 
 /* ---- forward --------------------------------------------------------- */
@@ -465,6 +488,7 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     }
     if (dscale != 0.0f && m->mode != MF_MODE_TRAIN) mf_panic("training forward on a forward-only plan");
     const int32_t *tgt = mf_arena_get(a, m->targets);
+    if (dscale != 0.0f) grads_start(m, a, WTE, 1);
     float *losses = BUF(m->losses), *dln = dscale != 0.0f ? BUF(m->dln) : NULL, *dwte = dln ? tensor_g(m, a, WTE) : NULL;
     double sum = 0;
     for (int r0 = 0; r0 < N; r0 += R) {
@@ -485,10 +509,13 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     /* the classifier's backward ran with the loss; dln holds d(ln_f output) */
     float *dln = BUF(m->dln), *dres = BUF(m->dres);
     memset(dres, 0, (size_t)N * C * sizeof(float));
+    grads_start(m, a, LNF_W, 2);
     mf_layernorm_backward(dres, tensor_g(m, a, LNF_W), tensor_g(m, a, LNF_B), dln, BUF(m->res[L]),
                           tensor_p(m, a, LNF_W), BUF(m->lnf_mean), BUF(m->lnf_rstd), N, C);
+    grads_done(m, LNF_W, 2);
     for (int l = L - 1; l >= 0; l--) {
         mf_arena_phase(a, mf_phase_layer_bwd(m, l));
+        grads_start(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
         int sg = m->seg, s0 = sg ? l / sg * sg : 0;
         if (sg && l == (s0 + sg - 1 < L - 1 ? s0 + sg - 1 : L - 1)) {
             /* top block of a segment: rebuild the segment from its kept
@@ -520,9 +547,12 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
         mf_matmul_backward(dln, G(l, QKVW), G(l, QKVB), dqkv, BUF(A->ln1), P(l, QKVW), N, C, 3 * C);
         mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->rres[l]), P(l, LN1W),
                               BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
+        grads_done(m, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
     }
     mf_arena_phase(a, mf_phase_emb_bwd(m));
+    grads_start(m, a, WPE, 1);
     mf_encoder_backward(tensor_g(m, a, WTE), tensor_g(m, a, WPE), dres, mf_arena_get(a, m->inputs), B, T, C);
+    grads_done(m, WTE, 2);
 }
 
 const float *mf_model_logits(mf_model *m, mf_arena *a, int T, int b, int t) {

@@ -28,6 +28,16 @@ int mf_optim_init(mf_optim *o, const mf_config *cfg) {
     o->af.relative_step = cfg->relative_step;
     o->af.scale_parameter = cfg->relative_step;
     o->af.beta1 = o->momentum;
+    /* an update applied while backward runs sees one micro-batch's
+     * gradient and cannot know the global norm yet */
+    o->in_backward = cfg->update_in_backward;
+    if (o->in_backward && cfg->grad_accum > 1)
+        return mf_fail("update_in_backward needs grad_accum 1 (each update would see one micro-batch); "
+                       "raise batch instead, or turn update_in_backward off");
+    if (o->in_backward && cfg->grad_clip > 0)
+        return mf_fail("update_in_backward cannot clip by the global gradient norm (it is known only after the "
+                       "last update); set grad_clip 0 (the norm is still logged)%s",
+                       o->kind == MF_OPTIM_ADAFACTOR ? "; adafactor still clips each update by its RMS" : "");
     mf_q8_map_dynamic(o->map_signed, 1);
     mf_q8_map_dynamic(o->map_unsigned, 0);
     return 0;

@@ -263,6 +263,38 @@ void mf_trainer_free(mf_trainer *t) {
     memset(t, 0, sizeof *t);
 }
 
+/* Updates tensors [first, first+n) from their gradients (times gscale). */
+static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
+    mf_model *m = &t->model;
+    mf_arena *a = &t->arena;
+    const mf_config *c = &t->cfg;
+    for (int i = first; i < first + n; i++) {
+        mf_tensor *x = &m->tensors[i];
+        void *st[MF_OPTIM_STATES];
+        for (int k = 0; k < MF_OPTIM_STATES; k++) st[k] = x->st[k] >= 0 ? mf_arena_get(a, x->st[k]) : NULL;
+        mf_optim_update(&m->opt, st, mf_arena_get(a, x->p), mf_arena_get(a, x->g), x->ndim, x->shape[0],
+                        x->ndim > 1 ? x->shape[1] : 1, (float)t->lr, x->decay ? (float)c->weight_decay : 0.0f,
+                        t->step + 1, gscale);
+    }
+}
+
+static double grad_sumsq(mf_trainer *t, int first, int n) {
+    double ss = 0;
+    for (int i = first; i < first + n; i++)
+        ss += mf_sumsq(mf_arena_get(&t->arena, t->model.tensors[i].g), (size_t)t->model.tensors[i].numel);
+    return ss;
+}
+
+/* update_in_backward: the model hands over tensors whose gradient is
+ * complete; a non-finite gradient stops further updates and fails the step */
+static void grads_ready(void *ctx, int first, int n) {
+    mf_trainer *t = ctx;
+    double ss = grad_sumsq(t, first, n);
+    t->uib_sumsq += ss;
+    if (!isfinite(ss)) t->uib_bad = 1;
+    if (!t->uib_bad) update_tensors(t, first, n, 1.0f);
+}
+
 int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
     if (t->mode != MF_MODE_TRAIN) return mf_fail("this trainer was set up for inference");
     double t0 = mf_time_now();
@@ -270,6 +302,11 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
     mf_arena *a = &t->arena;
     int accum = t->cfg.grad_accum;
     float dscale = 1.0f / ((float)t->B * (float)t->T * (float)accum);
+    t->lr = mf_lr_at(&t->cfg, t->step);
+    t->uib_sumsq = 0;
+    t->uib_bad = 0;
+    m->grads_ready = grads_ready;
+    m->grads_ctx = t;
     double loss = 0;
     for (int k = 0; k < accum; k++) {
         mf_arena_step(a);
@@ -280,27 +317,17 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
     }
     loss /= accum;
     mf_arena_phase(a, mf_phase_optim(m));
-    double ss = 0;
-    for (int i = 0; i < m->n_tensors; i++)
-        ss += mf_sumsq(mf_arena_get(a, m->tensors[i].g), (size_t)m->tensors[i].numel);
-    double norm = sqrt(ss);
+    int uib = m->opt.in_backward;
+    double norm = sqrt(uib ? t->uib_sumsq : grad_sumsq(t, 0, m->n_tensors));
     if (!isfinite(loss) || !isfinite(norm))
-        return mf_fail("step %d: loss or gradient is not finite (loss %g, grad norm %g); lower lr", t->step + 1, loss, norm);
-    float gscale = mf_clip_scale(norm, t->cfg.grad_clip);
-    double lr = mf_lr_at(&t->cfg, t->step);
-    const mf_config *c = &t->cfg;
-    for (int i = 0; i < m->n_tensors; i++) {
-        mf_tensor *x = &m->tensors[i];
-        void *st[MF_OPTIM_STATES];
-        for (int k = 0; k < MF_OPTIM_STATES; k++) st[k] = x->st[k] >= 0 ? mf_arena_get(a, x->st[k]) : NULL;
-        mf_optim_update(&m->opt, st, mf_arena_get(a, x->p), mf_arena_get(a, x->g), x->ndim, x->shape[0],
-                        x->ndim > 1 ? x->shape[1] : 1, (float)lr, x->decay ? (float)c->weight_decay : 0.0f,
-                        t->step + 1, gscale);
-    }
+        return mf_fail("step %d: loss or gradient is not finite (loss %g, grad norm %g); lower lr%s", t->step + 1, loss,
+                       norm, uib ? " (update_in_backward: tensors updated before the bad gradient keep their update; "
+                                   "resume from the last checkpoint)" : "");
+    if (!uib) update_tensors(t, 0, m->n_tensors, mf_clip_scale(norm, t->cfg.grad_clip));
     t->step++;
     if (st) {
         st->loss = loss;
-        st->lr = lr;
+        st->lr = t->lr;
         st->grad_norm = norm;
         st->seconds = mf_time_now() - t0;
         st->tok_s = (double)t->B * t->T * accum / st->seconds;
