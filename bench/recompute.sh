@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Activation checkpointing: recompute none, selective, sqrt and full on one model, alternating
-# A B A B in one run. Prints planned activation bytes, peak RSS, median
-# tokens/s and the recompute overhead.
+# A B A B in one run. Prints planned activation bytes (the most alive at
+# any phase), peak RSS, median tokens/s and the recompute overhead.
 #   bench/recompute.sh [MODEL] [BATCH] [SEQ]      (default gpt2-124m 4 256)
 #   EXTRA="--block_size 2048" bench/recompute.sh gpt2-124m 1 2048   (long context)
 set -euo pipefail
@@ -32,7 +32,7 @@ for p in ("none", "selective", "sqrt", "full"):
         tok += [m["tok_s"] for m in L[1:]]
         rss.append(L[-1]["rss_peak_bytes"])
     est = json.load(open("%s/%s.est" % (w, p)))
-    res[p] = (est["activations"], max(rss), statistics.median(tok))
+    res[p] = (est["max"]["acts"], max(rss), statistics.median(tok))
 print("%-9s %14s %12s %14s %10s" % ("policy", "activations", "peak RSS", "tokens/s (med)", "overhead"))
 for p in ("none", "selective", "sqrt", "full"):
     a, r, t = res[p]
