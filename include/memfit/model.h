@@ -72,6 +72,7 @@ typedef struct {
     int decay;          /* AdamW weight decay applies (2-D by default; the trainer applies decay_on) */
     int p, g;           /* plan ids: param, grad (-1 if none) */
     int st[MF_OPTIM_STATES]; /* optimizer state rows (mf_optim_plan; -1 if none) */
+    mf_optim_shape os;  /* the tensor as the optimizer sees it */
 } mf_tensor;
 
 typedef struct {

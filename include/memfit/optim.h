@@ -153,18 +153,30 @@ typedef struct {
 int mf_optim_init(mf_optim *o, const mf_config *cfg);
 const char *mf_optim_name(mf_optim_kind k);
 
-/* Declares the state rows of parameter `name` (rows x cols; cols = 1 for a
- * vector) alive over [first, last]; st[] gets the row ids, -1 where unused.
- * Returns 0, or -1 with a message. */
-int mf_optim_plan(const mf_optim *o, mf_plan *plan, const char *name, int ndim, int64_t rows, int64_t cols,
+/* A parameter as the optimizer sees it. */
+typedef struct {
+    int ndim;           /* 1 or 2 */
+    int64_t rows, cols; /* cols = 1 for a vector */
+    int embedding;      /* rows are token embeddings (8-bit state: one block per row) */
+} mf_optim_shape;
+
+/* Elements per quantisation block of tensor s under adamw8bit: a token
+ * embedding's row (its gradient scale follows the token's frequency, so
+ * rows of rare and common tokens must not share an absmax), else
+ * optim_block. */
+int mf_optim_block(const mf_optim *o, const mf_optim_shape *s);
+
+/* Declares the state rows of parameter `name` alive over [first, last];
+ * st[] gets the row ids, -1 where unused. Returns 0, or -1 with a message. */
+int mf_optim_plan(const mf_optim *o, mf_plan *plan, const char *name, const mf_optim_shape *s,
                   int first, int last, int layer, int st[MF_OPTIM_STATES]);
 /* Sets a tensor's state to "no steps yet". st_ptr[i] points at row st[i]. */
 void mf_optim_zero(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], const int st[MF_OPTIM_STATES],
-                   int64_t rows, int64_t cols);
-/* One update of p[rows*cols] (ndim as planned) from g times gscale, at
- * 1-based step t, with learning rate lr and weight decay wd. */
+                   const mf_optim_shape *s);
+/* One update of p[rows*cols] from g times gscale, at 1-based step t, with
+ * learning rate lr and weight decay wd. */
 void mf_optim_update(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, const float *g,
-                     int ndim, int64_t rows, int64_t cols, float lr, float wd, int t, float gscale);
+                     const mf_optim_shape *s, float lr, float wd, int t, float gscale);
 
 #ifdef __cplusplus
 }

@@ -135,6 +135,7 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
     t->rows_file = file_rows;
     t->numel = d0 * (ndim > 1 ? d1 : 1);
     t->decay = decay_2d;
+    t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, strcmp(name, "wte.weight") == 0};
     int last = m->n_phases - 1;
     char nm[64];
     t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
@@ -153,7 +154,7 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
         }
         snprintf(nm, sizeof nm, "grad.%s", name);
         t->g = add(ad, nm, MF_CAT_GRADS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, g0, g1, layer);
-        if (!ad->err && mf_optim_plan(&m->opt, ad->plan, name, ndim, d0, ndim > 1 ? d1 : 1, 0, last, layer, t->st))
+        if (!ad->err && mf_optim_plan(&m->opt, ad->plan, name, &t->os, 0, last, layer, t->st))
             ad->err = 1;
     }
 }
@@ -369,7 +370,7 @@ void mf_model_state_ptrs(const mf_model *m, const mf_arena *a, const mf_tensor *
 void mf_model_zero_state(const mf_model *m, const mf_arena *a, const mf_tensor *t) {
     void *ptr[MF_OPTIM_STATES];
     mf_model_state_ptrs(m, a, t, ptr);
-    mf_optim_zero(&m->opt, ptr, t->st, t->shape[0], t->ndim > 1 ? t->shape[1] : 1);
+    mf_optim_zero(&m->opt, ptr, t->st, &t->os);
 }
 
 void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {

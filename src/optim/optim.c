@@ -48,10 +48,15 @@ static int adam_fp32(const mf_optim *o, int64_t n) {
     return o->kind == MF_OPTIM_ADAMW || (o->kind == MF_OPTIM_ADAMW8BIT && n < MF_Q8_MIN_NUMEL);
 }
 
-int mf_optim_plan(const mf_optim *o, mf_plan *plan, const char *name, int ndim, int64_t rows, int64_t cols,
+int mf_optim_block(const mf_optim *o, const mf_optim_shape *s) {
+    return s->embedding && s->ndim == 2 && s->cols <= MF_Q8_MAX_BLOCK ? (int)s->cols : o->block;
+}
+
+int mf_optim_plan(const mf_optim *o, mf_plan *plan, const char *name, const mf_optim_shape *s,
                   int first, int last, int layer, int st[MF_OPTIM_STATES]) {
     for (int i = 0; i < MF_OPTIM_STATES; i++) st[i] = -1;
-    int64_t n = rows * cols, shape[2] = {rows, cols};
+    int64_t n = s->rows * s->cols, rows = s->rows, cols = s->cols;
+    int ndim = s->ndim;
     char nm[96];
 #define ROW(i, fmt, cat, dt, nd, d0, d1) do { \
         int64_t sh[2] = {(d0), (d1)}; \
@@ -59,12 +64,12 @@ int mf_optim_plan(const mf_optim *o, mf_plan *plan, const char *name, int ndim, 
         if ((st[i] = mf_plan_add(plan, nm, cat, dt, nd, sh, first, last, layer)) < 0) return -1; \
     } while (0)
     if (adam_fp32(o, n)) {
-        ROW(0, "adam.m.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, shape[0], shape[1]);
-        ROW(1, "adam.v.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, shape[0], shape[1]);
+        ROW(0, "adam.m.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, rows, cols);
+        ROW(1, "adam.v.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, rows, cols);
     } else if (q8(o, n)) {
-        int64_t nb = (int64_t)mf_q8_nblocks((size_t)n, o->block);
-        ROW(0, "adam8.m.", MF_CAT_OPTIM, MF_DTYPE_U8, ndim, shape[0], shape[1]);
-        ROW(1, "adam8.v.", MF_CAT_OPTIM, MF_DTYPE_U8, ndim, shape[0], shape[1]);
+        int64_t nb = (int64_t)mf_q8_nblocks((size_t)n, mf_optim_block(o, s));
+        ROW(0, "adam8.m.", MF_CAT_OPTIM, MF_DTYPE_U8, ndim, rows, cols);
+        ROW(1, "adam8.v.", MF_CAT_OPTIM, MF_DTYPE_U8, ndim, rows, cols);
         ROW(2, "adam8.m_absmax.", MF_CAT_QUANT, MF_DTYPE_F32, 1, nb, 1);
         ROW(3, "adam8.v_absmax.", MF_CAT_QUANT, MF_DTYPE_F32, 1, nb, 1);
     } else if (o->kind == MF_OPTIM_ADAFACTOR) {
@@ -73,43 +78,44 @@ int mf_optim_plan(const mf_optim *o, mf_plan *plan, const char *name, int ndim, 
         if (ndim == 2) {
             ROW(0, "adafactor.row.", MF_CAT_OPTIM, MF_DTYPE_F32, 1, rows, 1);
             ROW(1, "adafactor.col.", MF_CAT_OPTIM, MF_DTYPE_F32, 1, cols, 1);
-        } else ROW(2, "adafactor.v.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, shape[0], shape[1]);
-        if (o->momentum > 0) ROW(3, "adafactor.m.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, shape[0], shape[1]);
+        } else ROW(2, "adafactor.v.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, rows, cols);
+        if (o->momentum > 0) ROW(3, "adafactor.m.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, rows, cols);
     } else if (o->kind == MF_OPTIM_SGD && o->momentum > 0) {
-        ROW(0, "sgd.momentum.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, shape[0], shape[1]);
+        ROW(0, "sgd.momentum.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, rows, cols);
     }
 #undef ROW
     return 0;
 }
 
 void mf_optim_zero(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], const int st[MF_OPTIM_STATES],
-                   int64_t rows, int64_t cols) {
-    size_t n = (size_t)(rows * cols);
+                   const mf_optim_shape *s) {
+    size_t n = (size_t)(s->rows * s->cols);
     if (q8(o, (int64_t)n)) {
-        mf_q8_state_zero(st_ptr[0], st_ptr[2], n, o->block, o->map_signed);
-        mf_q8_state_zero(st_ptr[1], st_ptr[3], n, o->block, o->map_unsigned);
+        int block = mf_optim_block(o, s);
+        mf_q8_state_zero(st_ptr[0], st_ptr[2], n, block, o->map_signed);
+        mf_q8_state_zero(st_ptr[1], st_ptr[3], n, block, o->map_unsigned);
         return;
     }
     for (int i = 0; i < MF_OPTIM_STATES; i++) {
         if (st[i] < 0) continue;
-        size_t len = o->kind == MF_OPTIM_ADAFACTOR && i < 2 ? (size_t)(i == 0 ? rows : cols) : n;
+        size_t len = o->kind == MF_OPTIM_ADAFACTOR && i < 2 ? (size_t)(i == 0 ? s->rows : s->cols) : n;
         memset(st_ptr[i], 0, len * sizeof(float));
     }
 }
 
 void mf_optim_update(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, const float *g,
-                     int ndim, int64_t rows, int64_t cols, float lr, float wd, int t, float gscale) {
-    size_t n = (size_t)(rows * cols);
+                     const mf_optim_shape *s, float lr, float wd, int t, float gscale) {
+    size_t n = (size_t)(s->rows * s->cols);
     if (adam_fp32(o, (int64_t)n)) {
         mf_adamw_update(p, g, st_ptr[0], st_ptr[1], n, lr, o->beta1, o->beta2, o->eps, wd, t, gscale);
     } else if (q8(o, (int64_t)n)) {
-        mf_adamw8bit_update(p, g, st_ptr[0], st_ptr[2], st_ptr[1], st_ptr[3], n, o->block, o->map_signed,
-                            o->map_unsigned, lr, o->beta1, o->beta2, o->eps, wd, t, gscale);
+        mf_adamw8bit_update(p, g, st_ptr[0], st_ptr[2], st_ptr[1], st_ptr[3], n, mf_optim_block(o, s),
+                            o->map_signed, o->map_unsigned, lr, o->beta1, o->beta2, o->eps, wd, t, gscale);
     } else if (o->kind == MF_OPTIM_ADAFACTOR) {
         mf_adafactor_hp hp = o->af;
         hp.lr = lr;
         hp.wd = wd;
-        if (ndim == 2) mf_adafactor_update(p, g, st_ptr[0], st_ptr[1], NULL, st_ptr[3], rows, cols, &hp, t, gscale);
+        if (s->ndim == 2) mf_adafactor_update(p, g, st_ptr[0], st_ptr[1], NULL, st_ptr[3], s->rows, s->cols, &hp, t, gscale);
         else mf_adafactor_update(p, g, NULL, NULL, st_ptr[2], st_ptr[3], (int64_t)n, 1, &hp, t, gscale);
     } else {
         mf_sgd_update(p, g, st_ptr[0], n, lr, o->momentum, wd, t, gscale);

@@ -272,9 +272,8 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
         mf_tensor *x = &m->tensors[i];
         void *st[MF_OPTIM_STATES];
         for (int k = 0; k < MF_OPTIM_STATES; k++) st[k] = x->st[k] >= 0 ? mf_arena_get(a, x->st[k]) : NULL;
-        mf_optim_update(&m->opt, st, mf_arena_get(a, x->p), mf_arena_get(a, x->g), x->ndim, x->shape[0],
-                        x->ndim > 1 ? x->shape[1] : 1, (float)t->lr, x->decay ? (float)c->weight_decay : 0.0f,
-                        t->step + 1, gscale);
+        mf_optim_update(&m->opt, st, mf_arena_get(a, x->p), mf_arena_get(a, x->g), &x->os, (float)t->lr,
+                        x->decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
     }
 }
 
