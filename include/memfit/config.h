@@ -35,6 +35,8 @@ typedef struct {
     double momentum;          /* sgd momentum, adafactor beta1 (0 = none) */
     int relative_step;        /* adafactor: lr from the step count */
     int update_in_backward;   /* apply each update as its gradient completes */
+    char offload[MF_PATH_MAX + 32]; /* "" or optimizer=disk:PATH */
+    size_t offload_window;    /* bytes per window (two are planned) */
     uint64_t seed;
     /* data */
     char data[MF_PATH_MAX], val_data[MF_PATH_MAX], tokenizer_dir[MF_PATH_MAX];
@@ -46,6 +48,7 @@ typedef struct {
     char prompt[256];
     /* files */
     char init[MF_PATH_MAX], out_dir[MF_PATH_MAX], resume[MF_PATH_MAX], metrics[MF_PATH_MAX];
+    char trace[MF_PATH_MAX], report[MF_PATH_MAX];
     int ckpt_every;
     /* memory and machine */
     size_t budget;
