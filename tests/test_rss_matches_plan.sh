@@ -44,6 +44,8 @@ for o in adamw8bit adafactor sgd; do
 done
 run gpt2-124m-B2-T256-adamw8bit-uib --model gpt2-124m --batch 2 --seq 256 --steps 1 --optimizer adamw8bit \
   --update_in_backward --grad_clip 0 --recompute full
+# optimizer state in a file: resident state is the two windows
+run gpt2-10m-B8-T256-offload --model gpt2-10m --batch 8 --seq 256 --steps 2 --offload "optimizer=disk:$W/state.bin"
 # loading a checkpoint after the arena exists must not add the file to the peak
 run gpt2-10m-save --model gpt2-10m --batch 4 --seq 128 --steps 1 --out_dir "$W/ck"
 run gpt2-10m-resume --model gpt2-10m --batch 4 --seq 128 --steps 2 --resume "$W/ck/checkpoint.safetensors"

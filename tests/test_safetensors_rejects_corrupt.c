@@ -234,12 +234,12 @@ static void test_fuzz(void) {
     uint8_t c[5] = {9, 8, 7, 6, 5};
     int64_t d[2] = {-1, 1};
     const mf_st_entry e[] = {
-        {"layer.0.w", MF_DTYPE_F32, 2, {2, 3}, a, sizeof a},
-        {"layer.0.b", MF_DTYPE_BF16, 1, {3}, b, sizeof b},
-        {"bytes", MF_DTYPE_U8, 1, {5}, c, sizeof c},
-        {"s", MF_DTYPE_I64, 1, {2}, d, sizeof d},
-        {"scalar", MF_DTYPE_F32, 0, {0}, a, 4},
-        {"empty", MF_DTYPE_F16, 2, {3, 0}, NULL, 0},
+        {"layer.0.w", MF_DTYPE_F32, 2, {2, 3}, a, sizeof a, NULL, NULL},
+        {"layer.0.b", MF_DTYPE_BF16, 1, {3}, b, sizeof b, NULL, NULL},
+        {"bytes", MF_DTYPE_U8, 1, {5}, c, sizeof c, NULL, NULL},
+        {"s", MF_DTYPE_I64, 1, {2}, d, sizeof d, NULL, NULL},
+        {"scalar", MF_DTYPE_F32, 0, {0}, a, 4, NULL, NULL},
+        {"empty", MF_DTYPE_F16, 2, {3, 0}, NULL, 0, NULL, NULL},
     };
     const char *mk[] = {"format", "k"}, *mv[] = {"pt", "v"};
     CHECK(mf_st_write(path, e, 6, mk, mv, 2) == 0, "fuzz seed write: %s", mf_error());
@@ -330,7 +330,7 @@ static void test_failed_writes(void) {
     snprintf(path, sizeof path, "%s/keep.safetensors", g_dir);
     snprintf(nodir, sizeof nodir, "%s/no/such/dir/x.safetensors", g_dir);
     float a[4] = {1, 2, 3, 4};
-    mf_st_entry good = {"a", MF_DTYPE_F32, 1, {4}, a, sizeof a};
+    mf_st_entry good = {"a", MF_DTYPE_F32, 1, {4}, a, sizeof a, NULL, NULL};
     int before = count_entries(g_dir);
 
     /* Destination directory missing: fails at the temp file, nothing left. */
@@ -346,17 +346,17 @@ static void test_failed_writes(void) {
 
     /* Invalid entries: refused before anything touches the disk. */
     struct { mf_st_entry e[2]; int n; const char *mk[2], *mv[2]; int nm; const char *want; } cases[] = {
-        {{{"a", MF_DTYPE_F32, 1, {4}, a, 12}}, 1, {0}, {0}, 0, "has 12 bytes but F32 shape [4] needs 16"},
-        {{{"a", MF_DTYPE_F32, 1, {2}, a, 8}, {"a", MF_DTYPE_F32, 1, {2}, a, 8}}, 2, {0}, {0}, 0, "duplicate tensor name 'a'"},
-        {{{"a", MF_DTYPE_F32, 1, {-4}, a, 16}}, 1, {0}, {0}, 0, "negative"},
-        {{{"a", MF_DTYPE_F32, 5, {1, 1, 1, 1}, a, 4}}, 1, {0}, {0}, 0, "dimensions"},
-        {{{"a", MF_DTYPE_COUNT, 1, {4}, a, 16}}, 1, {0}, {0}, 0, "invalid dtype"},
-        {{{"__metadata__", MF_DTYPE_F32, 1, {4}, a, 16}}, 1, {0}, {0}, 0, "reserved"},
-        {{{NULL, MF_DTYPE_F32, 1, {4}, a, 16}}, 1, {0}, {0}, 0, "no name"},
-        {{{"a", MF_DTYPE_F32, 1, {4}, NULL, 16}}, 1, {0}, {0}, 0, "no data"},
-        {{{"a\xc3", MF_DTYPE_F32, 1, {4}, a, 16}}, 1, {0}, {0}, 0, "not valid UTF-8"},
-        {{{"a", MF_DTYPE_F32, 1, {4}, a, 16}}, 1, {"k", "k"}, {"1", "2"}, 2, "duplicate metadata key 'k'"},
-        {{{"a", MF_DTYPE_F32, 1, {4}, a, 16}}, 1, {"k", NULL}, {"1", "2"}, 2, "metadata entry 1 is NULL"},
+        {{{"a", MF_DTYPE_F32, 1, {4}, a, 12, NULL, NULL}}, 1, {0}, {0}, 0, "has 12 bytes but F32 shape [4] needs 16"},
+        {{{"a", MF_DTYPE_F32, 1, {2}, a, 8, NULL, NULL}, {"a", MF_DTYPE_F32, 1, {2}, a, 8, NULL, NULL}}, 2, {0}, {0}, 0, "duplicate tensor name 'a'"},
+        {{{"a", MF_DTYPE_F32, 1, {-4}, a, 16, NULL, NULL}}, 1, {0}, {0}, 0, "negative"},
+        {{{"a", MF_DTYPE_F32, 5, {1, 1, 1, 1}, a, 4, NULL, NULL}}, 1, {0}, {0}, 0, "dimensions"},
+        {{{"a", MF_DTYPE_COUNT, 1, {4}, a, 16, NULL, NULL}}, 1, {0}, {0}, 0, "invalid dtype"},
+        {{{"__metadata__", MF_DTYPE_F32, 1, {4}, a, 16, NULL, NULL}}, 1, {0}, {0}, 0, "reserved"},
+        {{{NULL, MF_DTYPE_F32, 1, {4}, a, 16, NULL, NULL}}, 1, {0}, {0}, 0, "no name"},
+        {{{"a", MF_DTYPE_F32, 1, {4}, NULL, 16, NULL, NULL}}, 1, {0}, {0}, 0, "no data"},
+        {{{"a\xc3", MF_DTYPE_F32, 1, {4}, a, 16, NULL, NULL}}, 1, {0}, {0}, 0, "not valid UTF-8"},
+        {{{"a", MF_DTYPE_F32, 1, {4}, a, 16, NULL, NULL}}, 1, {"k", "k"}, {"1", "2"}, 2, "duplicate metadata key 'k'"},
+        {{{"a", MF_DTYPE_F32, 1, {4}, a, 16, NULL, NULL}}, 1, {"k", NULL}, {"1", "2"}, 2, "metadata entry 1 is NULL"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = mf_st_write(path, cases[i].e, cases[i].n, cases[i].mk, cases[i].mv, cases[i].nm);
@@ -376,7 +376,7 @@ static void test_failed_writes(void) {
         void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
         size_t big_n = 1 << 20;
         uint8_t *big = calloc(1, big_n);
-        mf_st_entry be = {"big", MF_DTYPE_U8, 1, {(int64_t)big_n}, big, big_n};
+        mf_st_entry be = {"big", MF_DTYPE_U8, 1, {(int64_t)big_n}, big, big_n, NULL, NULL};
         if (setrlimit(RLIMIT_FSIZE, &small) == 0) {
             int rc = mf_st_write(path, &be, 1, NULL, NULL, 0);
             setrlimit(RLIMIT_FSIZE, &rl);

@@ -45,16 +45,16 @@ int main(void) {
     /* u8 of 3 bytes first so later tensors start at odd offsets: the
      * writer must not reorder or pad. */
     const mf_st_entry e[] = {
-        {"tok.u8", MF_DTYPE_U8, 1, {3}, u8, sizeof u8},
-        {"w.f32", MF_DTYPE_F32, 2, {2, 3}, f32, sizeof f32},
-        {"b.bf16", MF_DTYPE_BF16, 1, {5}, bf16, sizeof bf16},
-        {"h.f16.4d", MF_DTYPE_F16, 4, {4, 1, 2, 3}, f16, sizeof f16},
-        {"scalar", MF_DTYPE_F32, 0, {0}, &scalar, sizeof scalar},
-        {"empty", MF_DTYPE_F32, 2, {0, 5}, NULL, 0},
-        {"idx.i32", MF_DTYPE_I32, 1, {7}, i32, sizeof i32},
-        {"u16", MF_DTYPE_U16, 1, {3}, u16, sizeof u16},
-        {"pos.i64", MF_DTYPE_I64, 2, {2, 2}, i64, sizeof i64},
-        {"name with \"quotes\" \\ and \xc3\xa9", MF_DTYPE_U8, 1, {1}, u8, 1},
+        {"tok.u8", MF_DTYPE_U8, 1, {3}, u8, sizeof u8, NULL, NULL},
+        {"w.f32", MF_DTYPE_F32, 2, {2, 3}, f32, sizeof f32, NULL, NULL},
+        {"b.bf16", MF_DTYPE_BF16, 1, {5}, bf16, sizeof bf16, NULL, NULL},
+        {"h.f16.4d", MF_DTYPE_F16, 4, {4, 1, 2, 3}, f16, sizeof f16, NULL, NULL},
+        {"scalar", MF_DTYPE_F32, 0, {0}, &scalar, sizeof scalar, NULL, NULL},
+        {"empty", MF_DTYPE_F32, 2, {0, 5}, NULL, 0, NULL, NULL},
+        {"idx.i32", MF_DTYPE_I32, 1, {7}, i32, sizeof i32, NULL, NULL},
+        {"u16", MF_DTYPE_U16, 1, {3}, u16, sizeof u16, NULL, NULL},
+        {"pos.i64", MF_DTYPE_I64, 2, {2, 2}, i64, sizeof i64, NULL, NULL},
+        {"name with \"quotes\" \\ and \xc3\xa9", MF_DTYPE_U8, 1, {1}, u8, 1, NULL, NULL},
     };
     const int n = (int)(sizeof e / sizeof e[0]);
     const char *mk[] = {"format", "step", "note"};

@@ -61,6 +61,7 @@ typedef enum {
     MF_CAT_ADAPTER,
     MF_CAT_QUANT,
     MF_CAT_COMM,
+    MF_CAT_OFFLOAD, /* windows that stream disk-resident state */
     MF_CAT_COUNT
 } mf_cat;
 
@@ -92,7 +93,8 @@ typedef struct {
     size_t bytes;   /* numel * dtype size, rounded up to MF_ALIGN */
     int first, last;
     int layer;      /* transformer layer this buffer belongs to, or -1 */
-    size_t offset;  /* set by mf_plan_layout */
+    int disk;       /* lives in the offload file, not the arena (offset is its file offset) */
+    size_t offset;  /* set by mf_plan_layout (arena rows) or the offload planner (disk rows) */
 } mf_buf;
 
 typedef struct {
@@ -106,7 +108,8 @@ typedef struct {
     int peak_phase;
     size_t peak_cat[MF_CAT_COUNT];   /* live bytes per category at peak_phase */
     size_t max_cat[MF_CAT_COUNT];    /* each category's own max over phases */
-    size_t total_cat[MF_CAT_COUNT];  /* sum of all rows per category */
+    size_t total_cat[MF_CAT_COUNT];  /* sum of all arena rows per category */
+    size_t disk_bytes;               /* sum of disk rows (not in the arena) */
 } mf_plan;
 
 int mf_plan_init(mf_plan *p, int n_phases);
@@ -145,6 +148,16 @@ size_t mf_rss_peak(void);
 
 /* ---- arena ----------------------------------------------------------- */
 
+/* Phase hook: called as the arena leaves phase `from` for phase `to`,
+ * before the buffers whose lifetime ended are released. Buffers are counted
+ * when a phase first asks for them and released only at phase changes, so
+ * at the call the ledger holds the high-water mark of phase `from`.
+ * mf_arena_phase calls it when the phase number changes; mf_arena_step
+ * calls it every time (a micro-step starts at phase 0, also from phase 0).
+ * It must not call back into the arena. NULL (the default) costs one test
+ * per phase change. */
+typedef void (*mf_arena_phase_fn)(void *ctx, int from, int to);
+
 /* One mapping of plan->arena_bytes, pre-faulted so the process's RSS is the
  * plan from the start. Persistent buffers are counted in the ledger from
  * mf_arena_init on; every other buffer is counted when the step first asks
@@ -158,6 +171,8 @@ typedef struct {
     int phase;
     unsigned char *live;  /* per buffer: counted in the ledger now */
     int poison;           /* fill buffers with NaN when their lifetime ends */
+    mf_arena_phase_fn on_phase;  /* optional phase hook (see above), NULL after init */
+    void *on_phase_ctx;
 } mf_arena;
 
 int mf_arena_init(mf_arena *a, const mf_plan *plan, mf_ledger *ledger);
@@ -170,6 +185,8 @@ void *mf_arena_get(mf_arena *a, int id);
 /* Pointer without lifetime check or ledger effect: for set-up and I/O of
  * persistent buffers outside the step (loading weights, checkpoints). */
 void *mf_arena_ptr(const mf_arena *a, int id);
+/* Installs (or with fn NULL removes) the phase hook. */
+void mf_arena_set_phase_hook(mf_arena *a, mf_arena_phase_fn fn, void *ctx);
 
 /* ---- misc ------------------------------------------------------------ */
 

@@ -48,7 +48,11 @@ const mf_st_tensor *mf_st_find(const mf_st_file *f, const char *name);
 const char *mf_st_meta(const mf_st_file *f, const char *key); /* NULL if absent */
 
 /* Writer: describe the tensors, then write everything in one call. Data
- * pointers must stay valid until mf_st_write returns. */
+ * pointers must stay valid until mf_st_write returns. A tensor whose bytes
+ * are not in memory (offloaded optimizer state) gives `read` instead of
+ * `data`: it is called for consecutive pieces [off, off+len) of the tensor
+ * and fills buf (0 on success, -1 with a message). */
+typedef int (*mf_st_read_fn)(void *ctx, uint64_t off, void *buf, size_t len);
 typedef struct {
     const char *name;
     mf_dtype dtype;
@@ -56,6 +60,8 @@ typedef struct {
     int64_t shape[MF_MAX_DIMS];
     const void *data;
     size_t nbytes;
+    mf_st_read_fn read;  /* used when data is NULL */
+    void *read_ctx;
 } mf_st_entry;
 
 int mf_st_write(const char *path, const mf_st_entry *entries, int n,

@@ -106,6 +106,7 @@ typedef struct {
     int logits_all;       /* last sampling forward computed every row */
     int dres, dln, dbig, dqkv, attn_scratch; /* backward scratch, one layer's worth */
     mf_optim opt;         /* training: the optimizer whose state rows are planned */
+    int offload_win[2];   /* offloaded state: the two streaming windows (optimizer phase), else -1 */
     /* update_in_backward: called when tensors [first, first+n) have their
      * complete gradient (inside the backward phase that finished them) */
     void (*grads_ready)(void *ctx, int first, int n);

@@ -144,12 +144,15 @@ typedef struct {
     float beta1, beta2, eps, momentum;
     int block;                     /* adamw8bit */
     int in_backward;               /* update each tensor as its gradient completes */
+    char offload_path[MF_PATH_MAX]; /* "" or the file that holds the state (rows planned on disk) */
+    size_t offload_window;         /* bytes of each of the two streaming windows */
     mf_adafactor_hp af;            /* adafactor; lr and wd are set per update */
     float map_signed[256], map_unsigned[256];
 } mf_optim;
 
 /* Reads optimizer, optim_block, beta1/beta2/eps, momentum, relative_step,
- * update_in_backward; refuses combinations that cannot work together. */
+ * update_in_backward, offload, offload_window; refuses combinations that
+ * cannot work together. */
 int mf_optim_init(mf_optim *o, const mf_config *cfg);
 const char *mf_optim_name(mf_optim_kind k);
 
@@ -173,6 +176,14 @@ int mf_optim_plan(const mf_optim *o, mf_plan *plan, const char *name, const mf_o
 /* Sets a tensor's state to "no steps yet". st_ptr[i] points at row st[i]. */
 void mf_optim_zero(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], const int st[MF_OPTIM_STATES],
                    const mf_optim_shape *s);
+/* The same on elements [e0, e0+n) of the tensor (e0 a multiple of its
+ * quantisation block), with p, g and st_ptr pointing at that range's
+ * first element (first block for absmax rows). Not for adafactor, whose
+ * row and column statistics span the tensor. The offload stream uses it. */
+void mf_optim_zero_range(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], const int st[MF_OPTIM_STATES],
+                         const mf_optim_shape *s, int64_t e0, int64_t n);
+void mf_optim_update_range(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, const float *g,
+                           const mf_optim_shape *s, int64_t n, float lr, float wd, int t, float gscale);
 /* One update of p[rows*cols] from g times gscale, at 1-based step t, with
  * learning rate lr and weight decay wd. */
 void mf_optim_update(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, const float *g,

@@ -64,6 +64,10 @@ typedef struct {
     double uib_sumsq;     /* update_in_backward: squared gradient norm so far */
     int uib_bad;          /* update_in_backward: a gradient was not finite */
     mf_rng rng;
+    struct mf_offload *off;            /* offloaded optimizer state (NULL if none) */
+    struct mf_offchunk *off_chunks;    /* its chunk map (offload_state.c) */
+    int off_n;
+    uint64_t off_bytes;
     int32_t *sample_ctx;  /* T ids */
     float *sample_probs;  /* V floats */
     int *sample_idx;      /* top_k ids */
@@ -83,6 +87,15 @@ double mf_trainer_val_loss(mf_trainer *t);
 void mf_trainer_load_batch(mf_trainer *t);
 /* Generates n tokens after `prompt` and writes the text to out. */
 int mf_trainer_sample(mf_trainer *t, const char *prompt, int n, FILE *out);
+
+/* Offloaded optimizer state (offload_state.c): the chunk map and the file,
+ * its "no steps yet" contents, one streamed update, and byte access to a
+ * state row by its logical offset (for checkpoints). */
+int mf_offstate_open(mf_trainer *t);
+void mf_offstate_close(mf_trainer *t);
+int mf_offstate_zero(mf_trainer *t);
+int mf_offstate_step(mf_trainer *t, float gscale);
+int mf_offstate_row_io(mf_trainer *t, int tensor, int id, uint64_t off, void *buf, size_t len, int write);
 
 int mf_trainer_save_checkpoint(const mf_trainer *t, const char *path);
 int mf_trainer_load_checkpoint(mf_trainer *t, const char *path);

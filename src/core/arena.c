@@ -78,7 +78,7 @@ int mf_arena_init(mf_arena *a, const mf_plan *plan, mf_ledger *ledger) {
      * buffers) hold their bytes from now on */
     for (int i = 0; i < plan->n; i++) {
         const mf_buf *b = &plan->bufs[i];
-        if (b->first == 0 && b->last == plan->n_phases - 1) {
+        if (!b->disk && b->first == 0 && b->last == plan->n_phases - 1) {
             a->live[i] = 1;
             mf_ledger_add(ledger, b->cat, b->bytes);
         }
@@ -99,8 +99,14 @@ static void release(mf_arena *a, int i) {
     if (a->poison) memset(a->base + b->offset, 0xFF, b->bytes);
 }
 
+void mf_arena_set_phase_hook(mf_arena *a, mf_arena_phase_fn fn, void *ctx) {
+    a->on_phase = fn;
+    a->on_phase_ctx = ctx;
+}
+
 void mf_arena_phase(mf_arena *a, int ph) {
     if (ph < 0 || ph >= a->plan->n_phases) mf_panic("arena: phase %d out of range", ph);
+    if (a->on_phase && ph != a->phase) a->on_phase(a->on_phase_ctx, a->phase, ph);
     for (int i = 0; i < a->plan->n; i++)
         if (a->live[i] && a->plan->bufs[i].last < ph) release(a, i);
     a->phase = ph;
@@ -108,6 +114,7 @@ void mf_arena_phase(mf_arena *a, int ph) {
 
 void mf_arena_step(mf_arena *a) {
     int last = a->plan->n_phases - 1;
+    if (a->on_phase) a->on_phase(a->on_phase_ctx, a->phase, 0);
     for (int i = 0; i < a->plan->n; i++) {
         const mf_buf *b = &a->plan->bufs[i];
         if (a->live[i] && !(b->first == 0 && b->last == last)) release(a, i);
@@ -118,6 +125,7 @@ void mf_arena_step(mf_arena *a) {
 void *mf_arena_get(mf_arena *a, int id) {
     if (id < 0 || id >= a->plan->n) mf_panic("arena: no buffer %d", id);
     const mf_buf *b = &a->plan->bufs[id];
+    if (b->disk) mf_panic("arena: buffer %s lives in the offload file", b->name);
     if (a->phase < b->first || a->phase > b->last)
         mf_panic("arena: buffer %s used in phase %d outside its lifetime [%d, %d]",
                  b->name, a->phase, b->first, b->last);
@@ -130,5 +138,6 @@ void *mf_arena_get(mf_arena *a, int id) {
 
 void *mf_arena_ptr(const mf_arena *a, int id) {
     if (id < 0 || id >= a->plan->n) mf_panic("arena: no buffer %d", id);
+    if (a->plan->bufs[id].disk) mf_panic("arena: buffer %s lives in the offload file", a->plan->bufs[id].name);
     return a->base + a->plan->bufs[id].offset;
 }

@@ -91,9 +91,10 @@ void mf_plan_layout(mf_plan *p) {
     span *busy = malloc((size_t)(n ? n : 1) * sizeof *busy);
     if (!order || !placed || !busy) mf_panic("out of memory laying out %d buffers", n);
     int no = 0;
-    for (int i = 0; i < n; i++) if (is_persistent(p, &p->bufs[i])) order[no++] = i;
+    for (int i = 0; i < n; i++) if (!p->bufs[i].disk && is_persistent(p, &p->bufs[i])) order[no++] = i;
     int np = no;
-    for (int i = 0; i < n; i++) if (!is_persistent(p, &p->bufs[i])) order[no++] = i;
+    for (int i = 0; i < n; i++) if (!p->bufs[i].disk && !is_persistent(p, &p->bufs[i])) order[no++] = i;
+    n = no;  /* disk rows take no arena bytes */
     sort_plan = p;  /* layout runs once at start-up on one thread */
     qsort(order + np, (size_t)(n - np), sizeof *order, by_size_desc);
 
@@ -125,7 +126,11 @@ void mf_plan_layout(mf_plan *p) {
     p->peak_phase = 0;
     memset(p->total_cat, 0, sizeof p->total_cat);
     memset(p->max_cat, 0, sizeof p->max_cat);
-    for (int i = 0; i < n; i++) p->total_cat[p->bufs[i].cat] += p->bufs[i].bytes;
+    p->disk_bytes = 0;
+    for (int i = 0; i < p->n; i++) {
+        if (p->bufs[i].disk) p->disk_bytes += p->bufs[i].bytes;
+        else p->total_cat[p->bufs[i].cat] += p->bufs[i].bytes;
+    }
     size_t live[MF_CAT_COUNT];
     for (int ph = 0; ph < p->n_phases; ph++) {
         mf_plan_live_at(p, ph, live);
@@ -146,7 +151,7 @@ void mf_plan_live_at(const mf_plan *p, int ph, size_t *out) {
     memset(out, 0, MF_CAT_COUNT * sizeof *out);
     for (int i = 0; i < p->n; i++) {
         const mf_buf *b = &p->bufs[i];
-        if (b->first <= ph && ph <= b->last) out[b->cat] += b->bytes;
+        if (!b->disk && b->first <= ph && ph <= b->last) out[b->cat] += b->bytes;
     }
 }
 

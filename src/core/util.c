@@ -54,7 +54,7 @@ static const char *cat_names[MF_CAT_COUNT] = {
     [MF_CAT_PARAMS] = "params", [MF_CAT_MASTER] = "master", [MF_CAT_GRADS] = "grads",
     [MF_CAT_OPTIM] = "optim",   [MF_CAT_ACTS] = "acts",     [MF_CAT_WORK] = "work",
     [MF_CAT_DATA] = "data",     [MF_CAT_ADAPTER] = "adapter", [MF_CAT_QUANT] = "quant",
-    [MF_CAT_COMM] = "comm",
+    [MF_CAT_COMM] = "comm",     [MF_CAT_OFFLOAD] = "offload",
 };
 
 const char *mf_cat_name(mf_cat c) { return c < MF_CAT_COUNT ? cat_names[c] : "?"; }

@@ -583,7 +583,7 @@ int mf_st_write(const char *path, const mf_st_entry *entries, int n,
         if ((uint64_t)e->nbytes != bytes)
             return mf_fail("cannot write %s: tensor '%s' has %zu bytes but %s shape %s needs %" PRIu64,
                            file, name, e->nbytes, mf_dtype_name(e->dtype), sh, bytes);
-        if (e->nbytes > 0 && !e->data) return mf_fail("cannot write %s: tensor '%s' has no data", file, name);
+        if (e->nbytes > 0 && !e->data && !e->read) return mf_fail("cannot write %s: tensor '%s' has no data", file, name);
         /* Offsets must stay exact when a reader parses them as doubles. */
         if (bytes > (uint64_t)MF_ST_MAX_INT - total)
             return mf_fail("cannot write %s: tensors total more than 2^53 bytes", file);
@@ -645,10 +645,27 @@ int mf_st_write(const char *path, const mf_st_entry *entries, int n,
     unsigned char lenbuf[8];
     for (int i = 0; i < 8; i++) lenbuf[i] = (unsigned char)((uint64_t)b.len >> (8 * i));
     int ok = fwrite(lenbuf, 1, 8, af.fp) == 8 && fwrite(b.buf, 1, b.len, af.fp) == b.len;
-    for (int i = 0; ok && i < n; i++)
-        if (entries[i].nbytes > 0 && fwrite(entries[i].data, 1, entries[i].nbytes, af.fp) != entries[i].nbytes) ok = 0;
+    int rerr = 0;
+    for (int i = 0; ok && !rerr && i < n; i++) {
+        const mf_st_entry *e = &entries[i];
+        if (e->nbytes == 0) continue;
+        if (e->data) { ok = fwrite(e->data, 1, e->nbytes, af.fp) == e->nbytes; continue; }
+        /* streamed through one small buffer: the bytes never exist at once */
+        unsigned char piece[1 << 16];
+        for (size_t o = 0; ok && !rerr && o < e->nbytes; o += sizeof piece) {
+            size_t len = e->nbytes - o < sizeof piece ? e->nbytes - o : sizeof piece;
+            if (e->read(e->read_ctx, o, piece, len)) rerr = 1;
+            else ok = fwrite(piece, 1, len, af.fp) == len;
+        }
+    }
     int err = errno;
     free(b.buf);
+    if (rerr) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", mf_error());
+        mf_atomic_abort(&af);
+        return mf_fail("cannot write %s: %s", file, msg);
+    }
     if (!ok) {
         mf_atomic_abort(&af);
         return mf_fail("cannot write %s: %s", file, strerror(err ? err : EIO));

@@ -338,6 +338,15 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     m->logits = add(&ad, "work.logits", MF_CAT_WORK, MF_DTYPE_F32, 2, m->chunk_rows, d->Vp, 0, 0, hf, hf, -1);
     m->losses = add(&ad, "work.losses", MF_CAT_WORK, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hf, -1);
 
+    /* offloaded optimizer state streams through two windows that exist
+     * only in the optimizer phase, so they reuse activation bytes */
+    m->offload_win[0] = m->offload_win[1] = -1;
+    if (train && m->opt.offload_path[0])
+        for (int i = 0; i < 2; i++) {
+            snprintf(nm, sizeof nm, "offload.window%d", i);
+            m->offload_win[i] = add(&ad, nm, MF_CAT_OFFLOAD, MF_DTYPE_U8, 1, (int64_t)m->opt.offload_window, 0, 0, 0,
+                                    mf_phase_optim(m), mf_phase_optim(m), -1);
+        }
     m->dres = m->dln = m->dbig = m->dqkv = m->attn_scratch = -1;
     if (train) {
         /* one layer's worth of activation gradients, reused down the stack */
@@ -391,7 +400,7 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
         if (strcmp(nm, "wte.weight") == 0) /* padding rows stay zero */
             memset(p + t->rows_file * t->shape[1], 0, (size_t)((t->shape[0] - t->rows_file) * t->shape[1]) * sizeof *p);
         if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * sizeof(float));
-        if (m->mode == MF_MODE_TRAIN) mf_model_zero_state(m, a, t);
+        if (m->mode == MF_MODE_TRAIN && !m->opt.offload_path[0]) mf_model_zero_state(m, a, t);  /* disk: the trainer */
     }
 }
 

@@ -38,6 +38,20 @@ int mf_optim_init(mf_optim *o, const mf_config *cfg) {
         return mf_fail("update_in_backward cannot clip by the global gradient norm (it is known only after the "
                        "last update); set grad_clip 0 (the norm is still logged)%s",
                        o->kind == MF_OPTIM_ADAFACTOR ? "; adafactor still clips each update by its RMS" : "");
+    if (cfg->offload[0]) {
+        const char *pre = "optimizer=disk:";
+        if (strncmp(cfg->offload, pre, strlen(pre)) != 0 || !cfg->offload[strlen(pre)])
+            return mf_fail("offload '%s': expected optimizer=disk:PATH", cfg->offload);
+        snprintf(o->offload_path, sizeof o->offload_path, "%s", cfg->offload + strlen(pre));
+        o->offload_window = cfg->offload_window;
+        if (o->kind == MF_OPTIM_ADAFACTOR)
+            return mf_fail("offload: adafactor's state is already only row and column statistics; offload adamw, "
+                           "adamw8bit or sgd state instead");
+        if (o->in_backward)
+            return mf_fail("offload streams all state once per step; it cannot be combined with update_in_backward");
+        if (o->offload_window < (16u << 10))
+            return mf_fail("offload_window %zu bytes is too small (at least 16KiB)", o->offload_window);
+    }
     mf_q8_map_dynamic(o->map_signed, 1);
     mf_q8_map_dynamic(o->map_unsigned, 0);
     return 0;
@@ -62,6 +76,7 @@ int mf_optim_plan(const mf_optim *o, mf_plan *plan, const char *name, const mf_o
         int64_t sh[2] = {(d0), (d1)}; \
         snprintf(nm, sizeof nm, fmt "%s", name); \
         if ((st[i] = mf_plan_add(plan, nm, cat, dt, nd, sh, first, last, layer)) < 0) return -1; \
+        plan->bufs[st[i]].disk = o->offload_path[0] != 0; \
     } while (0)
     if (adam_fp32(o, n)) {
         ROW(0, "adam.m.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, rows, cols);
@@ -87,37 +102,49 @@ int mf_optim_plan(const mf_optim *o, mf_plan *plan, const char *name, const mf_o
     return 0;
 }
 
-void mf_optim_zero(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], const int st[MF_OPTIM_STATES],
-                   const mf_optim_shape *s) {
-    size_t n = (size_t)(s->rows * s->cols);
-    if (q8(o, (int64_t)n)) {
+void mf_optim_zero_range(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], const int st[MF_OPTIM_STATES],
+                         const mf_optim_shape *s, int64_t e0, int64_t n) {
+    if (q8(o, s->rows * s->cols)) {
         int block = mf_optim_block(o, s);
-        mf_q8_state_zero(st_ptr[0], st_ptr[2], n, block, o->map_signed);
-        mf_q8_state_zero(st_ptr[1], st_ptr[3], n, block, o->map_unsigned);
+        mf_q8_state_zero(st_ptr[0], st_ptr[2], (size_t)n, block, o->map_signed);
+        mf_q8_state_zero(st_ptr[1], st_ptr[3], (size_t)n, block, o->map_unsigned);
         return;
     }
     for (int i = 0; i < MF_OPTIM_STATES; i++) {
         if (st[i] < 0) continue;
-        size_t len = o->kind == MF_OPTIM_ADAFACTOR && i < 2 ? (size_t)(i == 0 ? s->rows : s->cols) : n;
+        /* adafactor's row and column statistics are never split */
+        size_t len = o->kind == MF_OPTIM_ADAFACTOR && i < 2 ? (size_t)(i == 0 ? s->rows : s->cols) : (size_t)n;
         memset(st_ptr[i], 0, len * sizeof(float));
+    }
+    (void)e0;
+}
+
+void mf_optim_zero(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], const int st[MF_OPTIM_STATES],
+                   const mf_optim_shape *s) {
+    mf_optim_zero_range(o, st_ptr, st, s, 0, s->rows * s->cols);
+}
+
+void mf_optim_update_range(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, const float *g,
+                           const mf_optim_shape *s, int64_t n, float lr, float wd, int t, float gscale) {
+    int64_t numel = s->rows * s->cols;
+    if (adam_fp32(o, numel)) {
+        mf_adamw_update(p, g, st_ptr[0], st_ptr[1], (size_t)n, lr, o->beta1, o->beta2, o->eps, wd, t, gscale);
+    } else if (q8(o, numel)) {
+        mf_adamw8bit_update(p, g, st_ptr[0], st_ptr[2], st_ptr[1], st_ptr[3], (size_t)n, mf_optim_block(o, s),
+                            o->map_signed, o->map_unsigned, lr, o->beta1, o->beta2, o->eps, wd, t, gscale);
+    } else if (o->kind == MF_OPTIM_ADAFACTOR) {
+        if (n != numel) mf_panic("adafactor updates whole tensors");
+        mf_adafactor_hp hp = o->af;
+        hp.lr = lr;
+        hp.wd = wd;
+        if (s->ndim == 2) mf_adafactor_update(p, g, st_ptr[0], st_ptr[1], NULL, st_ptr[3], s->rows, s->cols, &hp, t, gscale);
+        else mf_adafactor_update(p, g, NULL, NULL, st_ptr[2], st_ptr[3], numel, 1, &hp, t, gscale);
+    } else {
+        mf_sgd_update(p, g, st_ptr[0], (size_t)n, lr, o->momentum, wd, t, gscale);
     }
 }
 
 void mf_optim_update(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, const float *g,
                      const mf_optim_shape *s, float lr, float wd, int t, float gscale) {
-    size_t n = (size_t)(s->rows * s->cols);
-    if (adam_fp32(o, (int64_t)n)) {
-        mf_adamw_update(p, g, st_ptr[0], st_ptr[1], n, lr, o->beta1, o->beta2, o->eps, wd, t, gscale);
-    } else if (q8(o, (int64_t)n)) {
-        mf_adamw8bit_update(p, g, st_ptr[0], st_ptr[2], st_ptr[1], st_ptr[3], n, mf_optim_block(o, s),
-                            o->map_signed, o->map_unsigned, lr, o->beta1, o->beta2, o->eps, wd, t, gscale);
-    } else if (o->kind == MF_OPTIM_ADAFACTOR) {
-        mf_adafactor_hp hp = o->af;
-        hp.lr = lr;
-        hp.wd = wd;
-        if (s->ndim == 2) mf_adafactor_update(p, g, st_ptr[0], st_ptr[1], NULL, st_ptr[3], s->rows, s->cols, &hp, t, gscale);
-        else mf_adafactor_update(p, g, NULL, NULL, st_ptr[2], st_ptr[3], (int64_t)n, 1, &hp, t, gscale);
-    } else {
-        mf_sgd_update(p, g, st_ptr[0], n, lr, o->momentum, wd, t, gscale);
-    }
+    mf_optim_update_range(o, st_ptr, p, g, s, s->rows * s->cols, lr, wd, t, gscale);
 }

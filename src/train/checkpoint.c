@@ -18,7 +18,13 @@
 
 #define CKPT_FORMAT "memfit-checkpoint-2"
 
-static int add_entries(const mf_trainer *t, mf_st_entry *e, char (*names)[64], int with_optim) {
+typedef struct { mf_trainer *t; int tensor, id; } row_reader;
+static int read_row(void *ctx, uint64_t off, void *buf, size_t len) {
+    row_reader *r = ctx;
+    return mf_offstate_row_io(r->t, r->tensor, r->id, off, buf, len, 0);
+}
+
+static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, char (*names)[64], int with_optim) {
     const mf_model *m = &t->model;
     int n = 0;
     for (int i = 0; i < m->n_tensors; i++) {
@@ -43,8 +49,13 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, char (*names)[64], i
             e[n].dtype = b->dtype;
             e[n].ndim = b->ndim;
             for (int d = 0; d < b->ndim; d++) e[n].shape[d] = b->shape[d];
-            e[n].data = mf_arena_ptr(&t->arena, id);
             e[n].nbytes = (size_t)b->numel * mf_dtype_size(b->dtype);
+            if (b->disk) {
+                /* offloaded: streamed from the file a piece at a time */
+                rd[n] = (row_reader){(mf_trainer *)t, i, id};
+                e[n].read = read_row;
+                e[n].read_ctx = &rd[n];
+            } else e[n].data = mf_arena_ptr(&t->arena, id);
             n++;
         }
     }
@@ -55,9 +66,13 @@ static int save(const mf_trainer *t, const char *path, int with_optim) {
     int nt = t->model.n_tensors * (with_optim ? 1 + MF_OPTIM_STATES : 1);
     mf_st_entry *e = calloc((size_t)nt, sizeof *e);
     char (*names)[64] = calloc((size_t)nt, sizeof *names);
+    row_reader *rd = calloc((size_t)nt, sizeof *rd);
     char *cfg = malloc(1 << 16);
-    if (!e || !names || !cfg) { free(e); free(names); free(cfg); return mf_fail("out of memory writing %s", path); }
-    int n = add_entries(t, e, names, with_optim);
+    if (!e || !names || !cfg || !rd) {
+        free(e); free(names); free(cfg); free(rd);
+        return mf_fail("out of memory writing %s", path);
+    }
+    int n = add_entries(t, e, rd, names, with_optim);
     char dims[128], step[32], pos[32], rng[32];
     snprintf(dims, sizeof dims, "%d,%d,%d,%d,%d", t->d.L, t->d.C, t->d.NH, t->d.maxT, t->d.V);
     snprintf(step, sizeof step, "%d", t->step);
@@ -71,6 +86,7 @@ static int save(const mf_trainer *t, const char *path, int with_optim) {
     free(e);
     free(names);
     free(cfg);
+    free(rd);
     return rc;
 }
 
@@ -130,6 +146,11 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
     return 0;
 }
 
+static int has_state_row(const mf_tensor *x, int id) {
+    for (int k = 0; k < MF_OPTIM_STATES; k++) if (x->st[k] == id) return 1;
+    return 0;
+}
+
 /* Copies state row `id` from the tensor of the same name, which must have
  * the row's dtype and shape exactly. */
 static int load_state_row(const mf_trainer *t, const mf_st_file *f, const char *path, int id) {
@@ -145,7 +166,23 @@ static int load_state_row(const mf_trainer *t, const mf_st_file *f, const char *
         return mf_fail("%s: optimizer state '%s' is %s %s, the run needs %s %s", path, b->name,
                        mf_dtype_name(s->dtype), x, mf_dtype_name(b->dtype), y);
     }
-    copy_and_drop(mf_arena_ptr(&t->arena, id), s->data, s->nbytes);
+    if (!b->disk) {
+        copy_and_drop(mf_arena_ptr(&t->arena, id), s->data, s->nbytes);
+        return 0;
+    }
+    /* offloaded: into the file through the chunk map, dropping the
+     * checkpoint's pages as they are copied */
+    int ti = 0;
+    while (ti < t->model.n_tensors && !has_state_row(&t->model.tensors[ti], id)) ti++;
+    const size_t step = 4u << 20;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (size_t off = 0; off < s->nbytes; off += step) {
+        size_t len = s->nbytes - off < step ? s->nbytes - off : step;
+        const char *src = (const char *)s->data + off;
+        if (mf_offstate_row_io((mf_trainer *)t, ti, id, off, (void *)src, len, 1)) return -1;
+        uintptr_t lo = (uintptr_t)src & ~(page - 1), hi = ((uintptr_t)src + len + page - 1) & ~(page - 1);
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
     return 0;
 }
 

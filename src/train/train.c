@@ -238,6 +238,7 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     }
     if (mf_arena_init(&t->arena, &t->plan, &t->ledger)) goto fail;
     mf_model_init_weights(&t->model, &t->arena, cfg->seed);
+    if (mode == MF_MODE_TRAIN && t->model.opt.offload_path[0] && (mf_offstate_open(t) || mf_offstate_zero(t))) goto fail;
     if (cfg->init[0] && mf_trainer_load_weights(t, cfg->init)) goto fail;
     if (cfg->resume[0] && mf_trainer_load_checkpoint(t, cfg->resume)) goto fail;
     return 0;
@@ -251,6 +252,7 @@ fail:
 }
 
 void mf_trainer_free(mf_trainer *t) {
+    if (t->off || t->off_chunks) mf_offstate_close(t);
     mf_arena_free(&t->arena);
     mf_model_free(&t->model);
     mf_plan_free(&t->plan);
@@ -322,7 +324,14 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
         return mf_fail("step %d: loss or gradient is not finite (loss %g, grad norm %g); lower lr%s", t->step + 1, loss,
                        norm, uib ? " (update_in_backward: tensors updated before the bad gradient keep their update; "
                                    "resume from the last checkpoint)" : "");
-    if (!uib) update_tensors(t, 0, m->n_tensors, mf_clip_scale(norm, t->cfg.grad_clip));
+    float gscale = mf_clip_scale(norm, t->cfg.grad_clip);
+    if (t->off) {
+        /* tensors without state (sgd, no momentum) update in place; the
+         * rest stream their state through the windows */
+        for (int i = 0; i < m->n_tensors; i++)
+            if (m->tensors[i].st[0] < 0) update_tensors(t, i, 1, gscale);
+        if (mf_offstate_step(t, gscale)) return -1;
+    } else if (!uib) update_tensors(t, 0, m->n_tensors, gscale);
     t->step++;
     if (st) {
         st->loss = loss;
