@@ -1,9 +1,12 @@
-/* memfit command line: train, estimate, sample, eval, tokenize. */
+/* memfit command line: train, profile, estimate, sample, eval, tokenize. */
 #include "memfit/config.h"
 #include "memfit/core.h"
 #include "memfit/data.h"
 #include "memfit/model.h"
+#include "memfit/monitor.h"
 #include "memfit/train.h"
+#include "observe.h"
+#include "profile.h"
 #include "report.h"
 
 #include <errno.h>
@@ -101,64 +104,183 @@ static void usage_train(FILE *f) {
     fprintf(f, "usage: memfit train [--config FILE.yaml] [--key=value ...]\n"
                "  Trains a GPT-2 model inside its memory plan and ends with the memory report.\n"
                "  Shorthand: --model PRESET --batch B --seq T --steps N --budget SIZE.\n"
+               "  --trace FILE.json writes phases, steps and memory by category (ui.perfetto.dev);\n"
+               "  --report DIR writes DIR/report.html (and DIR/metrics.jsonl unless --metrics is given).\n"
                "  Example: memfit train --model gpt2-124m --batch 4 --seq 256 --steps 3\n\n");
     mf_config_print_help(f);
     mf_report_presets(f);
 }
 
-static int cmd_train(int argc, char **argv) {
-    if (wants_help(argc, argv)) { usage_train(stdout); return 0; }
+static void usage_profile(FILE *f) {
+    fprintf(f, "usage: memfit profile [same keys as train]\n"
+               "  Runs a few training steps (default 3; no validation, checkpoints or samples) timing each\n"
+               "  phase, then prints per layer: activations kept, scratch peak, forward and backward ms and\n"
+               "  FLOPs; the bytes per category (the ledger's); the top 5 buffers; and what other settings\n"
+               "  would save, from their real plans.\n"
+               "  Example: memfit profile --model gpt2-10m --batch 8 --seq 256\n\n");
+    mf_config_print_help(f);
+    mf_report_presets(f);
+}
+
+/* Creates the report folder (one level): a clear error when its parent is
+ * missing or the path is not a folder. */
+static int report_dir(const char *dir) {
+    struct stat st;
+    if (mkdir(dir, 0755) == 0) return 0;
+    if (errno == EEXIST) {
+        if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode)) return 0;
+        return mf_fail("report folder %s exists and is not a folder", dir);
+    }
+    if (errno == ENOENT)
+        return mf_fail("cannot create report folder %s: its parent folder does not exist (create it first)", dir);
+    return mf_fail("cannot create report folder %s: %s", dir, strerror(errno));
+}
+
+/* train and profile: the same run; profile skips validation, checkpoints
+ * and samples, and prints its tables at the end. */
+static int cmd_train(int argc, char **argv, int profile) {
+    if (wants_help(argc, argv)) { if (profile) usage_profile(stdout); else usage_train(stdout); return 0; }
     mf_config cfg;
     char *pos[MAX_POS];
     int npos;
+    const char *cmd = profile ? "profile" : "train";
     if (parse(&cfg, argc, argv, pos, &npos)) return die(mf_error());
-    if (npos) { mf_fail("train takes no positional arguments ('%s')", pos[0]); return die(mf_error()); }
+    if (npos) { mf_fail("%s takes no positional arguments ('%s')", cmd, pos[0]); return die(mf_error()); }
+    if (profile) {
+        if (!mf_config_was_set(&cfg, "steps")) cfg.steps = 3;
+        cfg.out_dir[0] = 0;
+        cfg.sample_tokens = 0;
+        cfg.sample_every = 0;
+        cfg.val_every = 0;
+        cfg.ckpt_every = 0;
+    }
     if (cfg.out_dir[0] && mkdir_p(cfg.out_dir)) return die(mf_error());
+    char metrics_path[MF_PATH_MAX + 32];
+    snprintf(metrics_path, sizeof metrics_path, "%s", cfg.metrics);
+    if (cfg.report[0]) {
+        if (report_dir(cfg.report)) return die(mf_error());
+        if (!metrics_path[0]) snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", cfg.report);
+    }
     FILE *metrics = NULL;
-    if (cfg.metrics[0] && !(metrics = fopen(cfg.metrics, cfg.resume[0] ? "a" : "w"))) {
-        mf_fail("cannot open metrics file %s: %s", cfg.metrics, strerror(errno));
+    if (metrics_path[0] && !(metrics = fopen(metrics_path, cfg.resume[0] ? "a" : "w"))) {
+        mf_fail("cannot open metrics file %s: %s", metrics_path, strerror(errno));
         return die(mf_error());
     }
+    mf_trace *trace = NULL;
+    if (cfg.trace[0] && !(trace = mf_trace_open(cfg.trace))) {
+        if (metrics) fclose(metrics);
+        return die(mf_error());
+    }
+    double t0 = mf_time_now();
     mf_trainer t;
-    if (mf_trainer_init(&t, &cfg, MF_MODE_TRAIN)) { if (metrics) fclose(metrics); return die(mf_error()); }
+    if (mf_trainer_init(&t, &cfg, MF_MODE_TRAIN)) {
+        int rc = die(mf_error());
+        mf_trace_span(trace, "setup (failed)", "init", t0, mf_time_now());
+        if (mf_trace_close(trace)) die(mf_error());
+        if (metrics) fclose(metrics);
+        return rc;
+    }
+    mf_trace_span(trace, "setup", "init", t0, mf_time_now());
+    mf_observer obs;
+    if (mf_observer_init(&obs, &t, trace)) {
+        int rc = die(mf_error());
+        if (mf_trace_close(trace)) die(mf_error());
+        if (metrics) fclose(metrics);
+        mf_trainer_free(&t);
+        return rc;
+    }
+    /* profile times the steps after the first (warm-up) when there are two */
+    obs.count_from = t.step + (cfg.steps - t.step >= 2 ? 2 : 1);
     mf_report_header(stdout, &t);
     int progress = cfg.progress < 0 ? isatty(1) : cfg.progress;
     int rc = 0;
     double val = NAN, first_val = NAN;
-    if (t.step == 0 && cfg.steps > 0) {
+    if (!profile && t.step == 0 && cfg.steps > 0) {
+        double r0 = mf_time_now();
         first_val = mf_trainer_val_loss(&t);
+        mf_observer_region(&obs, "validation", "eval", r0);
         if (!isnan(first_val)) printf("val loss before training: %.4f\n", first_val);
     }
     char ckpt[MF_PATH_MAX + 64];
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", cfg.out_dir);
     while (t.step < cfg.steps) {
         mf_step_stats st;
-        if (mf_trainer_step(&t, &st)) { rc = die(mf_error()); break; }
+        mf_observer_step_begin(&obs, t.step + 1);
+        if (mf_trainer_step(&t, &st)) {
+            rc = die(mf_error());
+            mf_observer_step_end(&obs, 0);
+            break;
+        }
+        int leak = mf_observer_step_end(&obs, 1);
+        char leak_msg[1024];
+        if (leak) snprintf(leak_msg, sizeof leak_msg, "%s", mf_error());
         int last = t.step == cfg.steps;
         val = NAN;
-        if ((cfg.val_every && t.step % cfg.val_every == 0) || last) val = mf_trainer_val_loss(&t);
-        mf_report_step(stdout, &t, &st, val, progress, metrics);
+        if (!profile && ((cfg.val_every && t.step % cfg.val_every == 0) || last)) {
+            double r0 = mf_time_now();
+            val = mf_trainer_val_loss(&t);
+            mf_observer_region(&obs, "validation", "eval", r0);
+        }
+        mf_report_step(stdout, &t, &st, val, progress, metrics, obs.step_at_peak);
+        if (leak) {
+            if (progress) printf("\n");
+            rc = die(leak_msg);
+            break;
+        }
         if (cfg.sample_every && t.step % cfg.sample_every == 0 && !last && cfg.sample_tokens > 0) {
+            double r0 = mf_time_now();
             printf("--- sample at step %d ---\n", t.step);
-            if (mf_trainer_sample(&t, cfg.prompt, cfg.sample_tokens, stdout)) { rc = die(mf_error()); break; }
+            int bad = mf_trainer_sample(&t, cfg.prompt, cfg.sample_tokens, stdout);
+            mf_observer_region(&obs, "sample", "sample", r0);
+            if (bad) { rc = die(mf_error()); break; }
         }
         if (cfg.out_dir[0] && ((cfg.ckpt_every && t.step % cfg.ckpt_every == 0) || last)) {
-            if (mf_trainer_save_checkpoint(&t, ckpt)) { rc = die(mf_error()); break; }
+            double r0 = mf_time_now();
+            int bad = mf_trainer_save_checkpoint(&t, ckpt);
+            mf_observer_region(&obs, "checkpoint", "io", r0);
+            if (bad) { rc = die(mf_error()); break; }
         }
     }
     if (progress) printf("\n");
     if (!rc && cfg.out_dir[0]) {
         char model[MF_PATH_MAX + 64];
         snprintf(model, sizeof model, "%s/model.safetensors", cfg.out_dir);
-        if (mf_trainer_save_weights(&t, model)) rc = die(mf_error());
+        double r0 = mf_time_now();
+        int bad = mf_trainer_save_weights(&t, model);
+        mf_observer_region(&obs, "save weights", "io", r0);
+        if (bad) rc = die(mf_error());
         else printf("wrote %s and %s\n", ckpt, model);
     }
     if (!rc && cfg.sample_tokens > 0 && t.tok) {
+        double r0 = mf_time_now();
         printf("--- sample ---\n");
-        if (mf_trainer_sample(&t, cfg.prompt, cfg.sample_tokens, stdout)) rc = die(mf_error());
+        int bad = mf_trainer_sample(&t, cfg.prompt, cfg.sample_tokens, stdout);
+        mf_observer_region(&obs, "sample", "sample", r0);
+        if (bad) rc = die(mf_error());
     }
-    if (!rc) mf_report_memory(stdout, &t);
+    if (!rc) {
+        mf_report_memory(stdout, &t);
+        mf_observer_print_leak(stdout, &obs);
+        if (profile) mf_profile_print(stdout, &t, &obs);
+    }
+    mf_observer_free(&obs);
     if (metrics) fclose(metrics);
+    /* the report and the trace are written for a failed run too: they are
+     * what shows how it failed */
+    if (cfg.report[0]) {
+        char html[MF_PATH_MAX + 32], title[128];
+        snprintf(html, sizeof html, "%s/report.html", cfg.report);
+        snprintf(title, sizeof title, "memfit %s: %s%s", cmd, cfg.model, rc ? " (failed)" : "");
+        char *plan = mf_report_plan_json_string(&cfg, &t.d, &t.plan, &t.model, t.ledger.rss_baseline);
+        if (!plan) rc = die("out of memory for the plan's JSON");
+        else if (mf_report_html(html, metrics_path, plan, title)) rc = die(mf_error());
+        else printf("wrote %s\n", html);
+        free(plan);
+    }
+    if (trace) {
+        if (mf_trace_close(trace)) rc = die(mf_error());
+        else printf("wrote %s\n", cfg.trace);
+    }
     mf_trainer_free(&t);
     return rc;
 }
@@ -302,6 +424,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: memfit <command> [options]\n\n"
                "commands:\n"
                "  train      train a model inside its memory plan (memfit train --help lists every key)\n"
+               "  profile    run a few steps and print time, FLOPs and memory per layer, with suggestions\n"
                "  estimate   print the memory plan by category and layer (--json for scripts)\n"
                "  sample     generate text from weights\n"
                "  eval       validation loss of weights\n"
@@ -312,7 +435,8 @@ int main(int argc, char **argv) {
     blas_coretype_setup(argc, argv);
     if (argc < 2) { usage(stderr); return 2; }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
+    if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2, 0);
+    if (strcmp(cmd, "profile") == 0) return cmd_train(argc - 2, argv + 2, 1);
     if (strcmp(cmd, "estimate") == 0) return cmd_estimate(argc - 2, argv + 2);
     if (strcmp(cmd, "sample") == 0) return cmd_infer(argc - 2, argv + 2, 1);
     if (strcmp(cmd, "eval") == 0) return cmd_infer(argc - 2, argv + 2, 0);

@@ -58,8 +58,14 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
     fflush(f);
 }
 
+static void put_num(FILE *f, const char *key, double v, const char *fmt) {
+    fprintf(f, ",\"%s\":", key);
+    if (isfinite(v)) fprintf(f, fmt, v);
+    else fputs("null", f);
+}
+
 void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, double val,
-                    int progress, FILE *metrics) {
+                    int progress, FILE *metrics, const size_t *mem) {
     char a[32], b[32];
     size_t rss = mf_rss_peak();
     int every = t->cfg.log_every;
@@ -78,12 +84,20 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
     }
     fflush(f);
     if (metrics) {
-        fprintf(metrics, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tok_s\":%.6g,\"step_s\":%.6g,",
-                t->step, st->loss, st->lr, st->grad_norm, st->tok_s, st->seconds);
-        if (!isnan(val)) fprintf(metrics, "\"val_loss\":%.9g,", val);
-        fprintf(metrics, "\"planned_peak_bytes\":%zu,\"arena_bytes\":%zu,\"ledger_peak_bytes\":%zu,"
-                         "\"rss_baseline_bytes\":%zu,\"rss_peak_bytes\":%zu}\n",
+        /* JSON has no NaN or infinity: a number that is not finite is null,
+         * so a diverging run still writes valid lines */
+        fprintf(metrics, "{\"step\":%d", t->step);
+        put_num(metrics, "loss", st->loss, "%.9g");
+        put_num(metrics, "lr", st->lr, "%.9g");
+        put_num(metrics, "grad_norm", st->grad_norm, "%.9g");
+        put_num(metrics, "tok_s", st->tok_s, "%.6g");
+        put_num(metrics, "step_s", st->seconds, "%.6g");
+        if (!isnan(val)) put_num(metrics, "val_loss", val, "%.9g");
+        fprintf(metrics, ",\"planned_peak_bytes\":%zu,\"arena_bytes\":%zu,\"ledger_peak_bytes\":%zu,"
+                         "\"rss_baseline_bytes\":%zu,\"rss_peak_bytes\":%zu",
                 t->plan.peak_bytes, t->plan.arena_bytes, t->ledger.peak_total, t->ledger.rss_baseline, rss);
+        for (int c = 0; mem && c < MF_CAT_COUNT; c++) fprintf(metrics, ",\"mem_%s\":%zu", mf_cat_name((mf_cat)c), mem[c]);
+        fputs("}\n", metrics);
         fflush(metrics);
     }
 }
@@ -118,11 +132,11 @@ static void per_layer(const mf_plan *p, int L, size_t (*out)[MF_CAT_COUNT]) {
 
 /* always shown, in this order; the other categories when they hold bytes */
 static const mf_cat shown[] = {MF_CAT_PARAMS, MF_CAT_GRADS, MF_CAT_OPTIM, MF_CAT_ACTS, MF_CAT_WORK, MF_CAT_DATA,
-                               MF_CAT_MASTER, MF_CAT_ADAPTER, MF_CAT_QUANT, MF_CAT_COMM};
+                               MF_CAT_MASTER, MF_CAT_ADAPTER, MF_CAT_QUANT, MF_CAT_COMM, MF_CAT_OFFLOAD};
 static const char *shown_label[] = {"params", "grads", "optimizer", "activations", "scratch", "data",
-                                    "master", "adapter", "quant", "comm"};
+                                    "master", "adapter", "quant", "comm", "offload"};
 #define NALWAYS 6
-#define NSHOWN 10
+#define NSHOWN 11
 
 /* "fp32 AdamW", "fp32 adamw8bit (blocks of 2048)", "fp32 adafactor" */
 static const char *optim_desc(const mf_model *m, char *buf, size_t n) {
@@ -152,6 +166,9 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
         tot += p->peak_cat[c];
     }
     fprintf(f, "  %-12s %14zu %12s\n", "total", p->peak_bytes, sz(p->peak_bytes, a));
+    if (p->disk_bytes)
+        fprintf(f, "  %-12s %14zu %12s   (optimizer state in %s, streamed through the offload windows)\n", "on disk",
+                p->disk_bytes, sz(p->disk_bytes, a), m->opt.offload_path);
     fprintf(f, "  %-12s %14zu %12s   (lifetimes let buffers share bytes)\n", "arena", p->arena_bytes, sz(p->arena_bytes, a));
     fprintf(f, "  %-12s %14zu %12s   (measured: this process before the arena)\n", "runtime", runtime, sz(runtime, a));
     fprintf(f, "  %-12s %14zu %12s\n", "process", p->arena_bytes + runtime, sz(p->arena_bytes + runtime, a));
@@ -172,9 +189,10 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
     fprintf(f, "  (peak at phase '%s')\n", mf_phase_name(m, p->peak_phase, a, sizeof a));
 }
 
-void mf_report_estimate_json(FILE *f, const mf_config *cfg, const mf_dims *d, const mf_plan *p,
-                             const mf_model *m, size_t runtime) {
+cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan *p, const mf_model *m,
+                           size_t runtime) {
     cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
     cJSON_AddStringToObject(o, "model", cfg->model);
     cJSON_AddNumberToObject(o, "n_params", (double)mf_model_n_params(d));
     cJSON_AddNumberToObject(o, "batch", m->B);
@@ -188,9 +206,12 @@ void mf_report_estimate_json(FILE *f, const mf_config *cfg, const mf_dims *d, co
     cJSON *mx = cJSON_AddObjectToObject(o, "max");
     for (int i = 0; i < MF_CAT_COUNT; i++) cJSON_AddNumberToObject(mx, mf_cat_name((mf_cat)i), (double)p->max_cat[i]);
     cJSON_AddNumberToObject(o, "total", (double)p->peak_bytes);
+    cJSON_AddNumberToObject(o, "disk", (double)p->disk_bytes);
     cJSON_AddNumberToObject(o, "arena", (double)p->arena_bytes);
     cJSON_AddNumberToObject(o, "runtime", (double)runtime);
     cJSON_AddNumberToObject(o, "process", (double)(p->arena_bytes + runtime));
+    /* bytes; 0 = no budget (as in the config) */
+    cJSON_AddNumberToObject(o, "budget", (double)cfg->budget);
     size_t(*rows)[MF_CAT_COUNT] = calloc((size_t)d->L + 1, sizeof *rows);
     if (rows) {
         per_layer(p, d->L, rows);
@@ -203,8 +224,20 @@ void mf_report_estimate_json(FILE *f, const mf_config *cfg, const mf_dims *d, co
         }
         free(rows);
     }
-    char *s = cJSON_PrintUnformatted(o);
+    return o;
+}
+
+char *mf_report_plan_json_string(const mf_config *cfg, const mf_dims *d, const mf_plan *p, const mf_model *m,
+                                 size_t runtime) {
+    cJSON *o = mf_report_plan_json(cfg, d, p, m, runtime);
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return s;
+}
+
+void mf_report_estimate_json(FILE *f, const mf_config *cfg, const mf_dims *d, const mf_plan *p,
+                             const mf_model *m, size_t runtime) {
+    char *s = mf_report_plan_json_string(cfg, d, p, m, runtime);
     if (s) fprintf(f, "%s\n", s);
     free(s);
-    cJSON_Delete(o);
 }

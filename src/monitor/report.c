@@ -393,10 +393,12 @@ static double series_max(const mf_series *s, double hi) {
 
 /* ---- sections -------------------------------------------------------- */
 
-static const char *cat_colors[MF_CAT_COUNT] = {
+/* one per category; categories beyond the table reuse it from the start */
+static const char *const cat_palette[] = {
     "#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f",
-    "#8cd17d", "#b6992d", "#499894", "#e15759", "#79706e",
+    "#8cd17d", "#b6992d", "#499894", "#e15759", "#79706e", "#b07aa1",
 };
+#define CAT_COLOR(k) cat_palette[(k) % (int)(sizeof cat_palette / sizeof cat_palette[0])]
 static const char *health_colors[MF_HEALTH_COUNT] = {"#000000", "#c7a600", "#e08000", "#d04000", "#b00000"};
 
 static void section_open(FILE *f, const char *id, const char *title) {
@@ -418,8 +420,8 @@ static int section_loss(FILE *f, const mf_rows *rs) {
         svg_open(f, "train and validation loss by step");
         svg_axes(f, &c, "loss");
         if (tr.n + va.n == 0) svg_no_data(f, "no loss in the metrics file");
-        if (tr.n) { svg_polyline(f, &c, "loss-train", cat_colors[0], &tr, 0); svg_legend(f, &c, cat_colors[0], "train loss", NULL); }
-        if (va.n) { svg_polyline(f, &c, "loss-val", cat_colors[8], &va, 0); svg_legend(f, &c, cat_colors[8], "validation loss", NULL); }
+        if (tr.n) { svg_polyline(f, &c, "loss-train", CAT_COLOR(0), &tr, 0); svg_legend(f, &c, CAT_COLOR(0), "train loss", NULL); }
+        if (va.n) { svg_polyline(f, &c, "loss-val", CAT_COLOR(8), &va, 0); svg_legend(f, &c, CAT_COLOR(8), "validation loss", NULL); }
         fputs("</svg>\n</section>\n", f);
     }
     series_free(&tr);
@@ -437,7 +439,7 @@ static int section_throughput(FILE *f, const mf_rows *rs) {
         section_open(f, "throughput", "Throughput");
         svg_open(f, "tokens per second by step");
         svg_axes(f, &c, "tokens/s");
-        if (s.n) { svg_polyline(f, &c, "tok_s", cat_colors[4], &s, 0); svg_legend(f, &c, cat_colors[4], "tokens/s", NULL); }
+        if (s.n) { svg_polyline(f, &c, "tok_s", CAT_COLOR(4), &s, 0); svg_legend(f, &c, CAT_COLOR(4), "tokens/s", NULL); }
         else svg_no_data(f, "no tok_s in the metrics file");
         fputs("</svg>\n</section>\n", f);
     }
@@ -454,7 +456,7 @@ static void svg_stack(FILE *f, mf_chart *c, const mf_series *mem) {
     for (int k = 0; k < MF_CAT_COUNT; k++) {
         if (series_max(&mem[k], 0) <= 0) continue;
         const char *name = mf_cat_name((mf_cat)k);
-        fprintf(f, "<polygon id=\"mem-%s\" class=\"area\" fill=\"%s\" points=\"", name, cat_colors[k]);
+        fprintf(f, "<polygon id=\"mem-%s\" class=\"area\" fill=\"%s\" points=\"", name, CAT_COLOR(k));
         for (int i = 0; i < n; i++)
             fprintf(f, "%s%.2f,%.2f", i ? " " : "", px(c, mem[k].x[i]), py(c, base[i] + mem[k].y[i]));
         for (int i = n - 1; i >= 0; i--) fprintf(f, " %.2f,%.2f", px(c, mem[k].x[i]), py(c, base[i]));
@@ -462,7 +464,7 @@ static void svg_stack(FILE *f, mf_chart *c, const mf_series *mem) {
         put_data_attrs(f, &mem[k]);
         fputs("/>\n", f);
         for (int i = 0; i < n; i++) base[i] += mem[k].y[i];
-        svg_legend(f, c, cat_colors[k], name, NULL);
+        svg_legend(f, c, CAT_COLOR(k), name, NULL);
     }
     free(base);
 }
@@ -490,8 +492,8 @@ static int section_memory(FILE *f, const mf_rows *rs, double budget) {
         svg_axes(f, &c, "bytes");
         if (have_mem) svg_stack(f, &c, mem);
         else if (ledger.n) {
-            svg_polyline(f, &c, "mem-ledger", cat_colors[0], &ledger, 0);
-            svg_legend(f, &c, cat_colors[0], "ledger peak", NULL);
+            svg_polyline(f, &c, "mem-ledger", CAT_COLOR(0), &ledger, 0);
+            svg_legend(f, &c, CAT_COLOR(0), "ledger peak", NULL);
         }
         if (rss.n) {
             svg_polyline(f, &c, "mem-rss", "#333333", &rss, 1);
