@@ -189,6 +189,28 @@ void mf_optim_update_range(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES
 void mf_optim_update(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, const float *g,
                      const mf_optim_shape *s, float lr, float wd, int t, float gscale);
 
+/* Dynamic loss scaling for fp16 training, with the semantics of PyTorch's
+ * torch.cuda.amp.GradScaler: the loss is multiplied by scale before
+ * backward; mf_scaler_unscale multiplies the gradients by 1/scale and
+ * reports any non-finite value; mf_scaler_update then either skips the step
+ * (non-finite: scale *= backoff, the clean-step count restarts) or counts
+ * a clean step (after growth_interval clean steps in a row: scale *= growth,
+ * unless that would be infinite). */
+typedef struct {
+    float scale;           /* initial 65536 */
+    float growth, backoff; /* 2, 0.5 */
+    int interval;          /* 2000 */
+    int clean;             /* clean steps since the last change */
+    int64_t skipped;       /* steps skipped so far */
+} mf_scaler;
+
+void mf_scaler_init(mf_scaler *s, float init_scale, int growth_interval);
+/* g[i] *= 1/scale for n elements; returns 1 if any result is inf or NaN. */
+int mf_scaler_unscale(const mf_scaler *s, float *g, size_t n);
+/* After a step's gradients were unscaled: returns 1 if the update must be
+ * skipped (found_inf), and moves the scale as above. */
+int mf_scaler_update(mf_scaler *s, int found_inf);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,70 @@
+/* memfit half: 16-bit float formats (bf16, IEEE fp16) and their conversions
+ * to and from fp32, element-wise on plain arrays.
+ *
+ * Owns nothing. Promises:
+ *  - fp32 -> bf16 and fp32 -> fp16 round to nearest, ties to even (as
+ *    PyTorch's .to(torch.bfloat16) / .half() and the F16C instruction),
+ *    subnormals kept (no flush to zero), NaN stays NaN (quiet), overflow
+ *    goes to +-inf;
+ *  - 16 -> 32 bit conversions are exact;
+ *  - stochastic rounding to bf16 rounds up with probability equal to the
+ *    dropped fraction, from a counter-based hash of (seed, element index),
+ *    so the result depends on neither the thread count nor the call order;
+ *  - the array versions split work over OpenMP threads for large n.
+ */
+#ifndef MEMFIT_HALF_H
+#define MEMFIT_HALF_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint16_t mf_bf16;
+typedef uint16_t mf_fp16;
+
+static inline float mf_bf16_to_f32(mf_bf16 h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline mf_bf16 mf_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (mf_bf16)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (mf_bf16)(u >> 16);
+}
+
+/* fp32 -> bf16 rounding up with probability (dropped bits) / 2^16; rnd is
+ * 16 uniformly random bits. */
+static inline mf_bf16 mf_f32_to_bf16_sr(float f, uint32_t rnd) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return mf_f32_to_bf16(f); /* inf, NaN */
+    u += rnd & 0xffffu;
+    return (mf_bf16)(u >> 16);
+}
+
+float mf_fp16_to_f32(mf_fp16 h);
+mf_fp16 mf_f32_to_fp16(float f);
+
+/* The 16 random bits stochastic rounding uses for element i under seed. */
+uint32_t mf_half_sr_bits(uint64_t seed, uint64_t i);
+
+void mf_bf16_from_f32(mf_bf16 *out, const float *in, size_t n);
+void mf_f32_from_bf16(float *out, const mf_bf16 *in, size_t n);
+void mf_fp16_from_f32(mf_fp16 *out, const float *in, size_t n);
+void mf_f32_from_fp16(float *out, const mf_fp16 *in, size_t n);
+/* out[i] = stochastic bf16 of in[i] with mf_half_sr_bits(seed, first + i). */
+void mf_bf16_from_f32_sr(mf_bf16 *out, const float *in, size_t n, uint64_t seed, uint64_t first);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
