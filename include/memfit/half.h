@@ -64,6 +64,23 @@ void mf_f32_from_fp16(float *out, const mf_fp16 *in, size_t n);
 /* out[i] = stochastic bf16 of in[i] with mf_half_sr_bits(seed, first + i). */
 void mf_bf16_from_f32_sr(mf_bf16 *out, const float *in, size_t n, uint64_t seed, uint64_t first);
 
+/* bf16 GEMM with fp32 accumulation, through oneDNN's matmul (its AVX512_BF16
+ * kernels where the CPU has them, its own fallback where it does not):
+ *   C (M,N) = op(A) (M,K) @ op(B) (K,N) [+ bias (N)] [+ C if accumulate]
+ * A and B are bf16 row-major; op(X) is X, or X^T when tX is 1 (X then
+ * stored (K,M) / (N,K)). C is fp32, or bf16 when c_bf16 is 1 (rounded to
+ * nearest-even from the fp32 accumulator). bias is fp32 or NULL.
+ * scratch: at least mf_gemm_bf16_scratch_bytes() for the same arguments (a
+ * plan row: oneDNN is told not to allocate its own). Returns 0, or -1 with
+ * mf_error() set. Calls come from one thread; the work runs on OpenMP's. */
+int mf_gemm_bf16(void *C, const mf_bf16 *A, const mf_bf16 *B, const float *bias, int M, int N, int K,
+                 int tA, int tB, int accumulate, int c_bf16, void *scratch);
+/* Scratch bytes the call above needs (0 or more), or SIZE_MAX on error. */
+size_t mf_gemm_bf16_scratch_bytes(int M, int N, int K, int tA, int tB, int accumulate, int c_bf16, int bias);
+/* The oneDNN implementation chosen for a typical shape, e.g.
+ * "brg:avx512_core_bf16"; "" if oneDNN cannot run. */
+const char *mf_gemm_bf16_impl(void);
+
 #ifdef __cplusplus
 }
 #endif
