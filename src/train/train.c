@@ -224,11 +224,17 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     t->sample_idx = malloc((size_t)(cfg->top_k > 0 ? cfg->top_k : 1) * sizeof *t->sample_idx);
     if (!t->sample_ctx || !t->sample_probs || !t->sample_idx) { mf_fail("out of memory"); goto fail; }
 
+    /* the planner's rates are read (or calibrated, once per machine) before
+     * the baseline, so the calibration's buffers are not in it */
+    int search = mode == MF_MODE_TRAIN && cfg->budget && strcmp(cfg->plan, "auto") == 0;
+    if (search && mf_planner_rates(&t->rates, t->nthreads, 0, NULL)) goto fail;
     /* everything outside the arena exists now: measure the baseline */
     mf_blas_warmup(&t->d, t->B * t->T);
     mf_ledger_init(&t->ledger);
     t->ledger.rss_baseline = mf_rss_current();
 
+    if (mode == MF_MODE_TRAIN && mf_trainer_choose(t, search)) goto fail;
+    cfg = &t->cfg;  /* the settings the run uses (the planner's when it chose) */
     if (mf_train_plan(cfg, mode, t->nthreads, t->ledger.rss_baseline, &t->d, &t->plan, &t->model)) goto fail;
     if (mf_plan_check_budget(&t->plan, t->ledger.rss_baseline, cfg->budget)) goto fail;
     /* which tensors decay is decided once here, not in every step */
