@@ -9,6 +9,10 @@
  *  - Bytes are exact: each candidate's bytes are the arena of the real plan
  *    (mf_train_plan on the config with that setting applied) plus the
  *    measured runtime outside the arena, the same sum the trainer checks.
+ *    A setting fits when that sum plus MF_PLANNER_HEADROOM (growth of the
+ *    process outside the plan after the baseline is read: the arena's page
+ *    tables, thread stacks and BLAS buffers touched in the first step;
+ *    measured at up to 1.5 MiB, see docs/planner.md) is within the budget.
  *  - Time is a model: the step's GEMM FLOPs, attention FLOPs, element-wise
  *    bytes and offload I/O bytes (recomputation included), each at a rate
  *    measured on this machine by mf_planner_calibrate (<= ~2 s, cached per
@@ -34,6 +38,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Allowance for process growth outside the plan: 4 MiB + arena / 256. */
+#define MF_PLANNER_HEADROOM(arena) (((size_t)4 << 20) + (arena) / 256)
 
 /* Kernel-class rates of this machine at the run's thread count. */
 #define MF_RATES_GEMM_SIZES 4
@@ -67,7 +74,9 @@ typedef struct {
     int offload;          /* optimizer state in a file */
     int lossy;            /* changes the maths of the requested run */
     int auto_k;           /* recompute auto: blocks recomputed */
-    size_t arena_bytes, disk_bytes, need; /* need = arena + runtime */
+    size_t arena_bytes, disk_bytes;
+    size_t process;       /* arena + runtime: the predicted peak RSS */
+    size_t need;          /* process + headroom: the smallest budget it fits */
     size_t peak_cat[MF_CAT_COUNT];
     double gemm_flops, attn_flops, elem_bytes, io_bytes; /* per optimizer step */
     double pred_s;        /* predicted seconds per optimizer step */

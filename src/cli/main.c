@@ -204,6 +204,10 @@ static int cmd_train(int argc, char **argv, int profile) {
     }
     char ckpt[MF_PATH_MAX + 64];
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", cfg.out_dir);
+    /* step times after the first (warm-up) for the planner's report: the
+     * last 1024, in a fixed array (nothing allocated per step) */
+    static double step_s[1024];
+    int n_step_s = 0, first_step = t.step + 1;
     while (t.step < cfg.steps) {
         mf_step_stats st;
         mf_observer_step_begin(&obs, t.step + 1);
@@ -213,6 +217,7 @@ static int cmd_train(int argc, char **argv, int profile) {
             break;
         }
         int leak = mf_observer_step_end(&obs, 1);
+        if (t.step > first_step) step_s[n_step_s++ % 1024] = st.seconds;
         char leak_msg[1024];
         if (leak) snprintf(leak_msg, sizeof leak_msg, "%s", mf_error());
         int last = t.step == cfg.steps;
@@ -261,6 +266,7 @@ static int cmd_train(int argc, char **argv, int profile) {
     }
     if (!rc) {
         mf_report_memory(stdout, &t);
+        mf_report_planner(stdout, &t, step_s, n_step_s < 1024 ? n_step_s : 1024);
         mf_observer_print_leak(stdout, &obs);
         if (profile) mf_profile_print(stdout, &t, &obs);
     }

@@ -151,7 +151,8 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
             ch.auto_k = m.auto_k;
             ch.arena_bytes = p.arena_bytes;
             ch.disk_bytes = p.disk_bytes;
-            ch.need = p.arena_bytes + runtime;
+            ch.process = p.arena_bytes + runtime;
+            ch.need = ch.process + MF_PLANNER_HEADROOM(p.arena_bytes);
             memcpy(ch.peak_cat, p.peak_cat, sizeof ch.peak_cat);
             mf_planner_predict(rates, &ch, &m, &p);
             ch.fits = cfg->budget == 0 || ch.need <= cfg->budget;
@@ -242,14 +243,15 @@ int mf_planner_refuse(const mf_planner_result *r) {
     if (r->requested >= 0) {
         const mf_planner_choice *q = &r->c[r->requested];
         cats(cl, sizeof cl, q->peak_cat);
-        snprintf(rq, sizeof rq, "the requested settings need %s (%s; runtime %s), over by %s; ",
+        snprintf(rq, sizeof rq, "the requested settings need %s (%s; runtime %s; headroom %s), over by %s; ",
                  mf_size_format(q->need, a, sizeof a), cl, mf_size_format(r->runtime, c, sizeof c),
+                 mf_size_format(q->need - q->process, d, sizeof d),
                  mf_size_format(q->need - (q->need > r->budget ? r->budget : q->need), b, sizeof b));
     }
     cats(cl, sizeof cl, s->peak_cat);
-    return mf_fail("budget %s is below every setting (%d planned): %sthe smallest feasible budget is %s, with %s (%s)",
-                   mf_size_format(r->budget, c, sizeof c), r->n, rq, mf_size_format(s->need, a, sizeof a),
-                   mf_planner_describe(s, d, sizeof d), cl);
+    return mf_fail("budget %s is below every setting (%d planned): %sthe smallest feasible budget is %s (%zu bytes), "
+                   "with %s (%s)", mf_size_format(r->budget, c, sizeof c), r->n, rq, mf_size_format(s->need, a, sizeof a),
+                   s->need, mf_planner_describe(s, d, sizeof d), cl);
 }
 
 static int by_need(const void *pa, const void *pb) {
@@ -269,18 +271,22 @@ void mf_planner_print(FILE *f, const mf_planner_result *r, int all) {
     double tokens = (double)r->eff_batch * r->seq;
     fprintf(f, "%s (%d of %d settings planned; bytes exact, time predicted)\n",
             all ? "every setting" : "Pareto frontier, memory vs predicted step time", n, r->n);
-    fprintf(f, "  %-1s %-66s %12s %12s %9s %9s %s\n", "", "setting", "process", "disk", "s/step", "tok/s", "fits");
+    fprintf(f, "  %-1s %-66s %12s %12s %12s %9s %9s %s\n", "", "setting", "process", "needs", "disk", "s/step", "tok/s",
+            "fits");
     for (int i = 0; i < n; i++) {
         const mf_planner_choice *c = v[i];
-        fprintf(f, "  %-1s %-66s %12s %12s %9.3f %9.0f %s%s\n", c->chosen ? "*" : "", mf_planner_describe(c, d, sizeof d),
+        char p[32];
+        fprintf(f, "  %-1s %-66s %12s %12s %12s %9.3f %9.0f %s%s\n", c->chosen ? "*" : "",
+                mf_planner_describe(c, d, sizeof d), mf_size_format(c->process, p, sizeof p),
                 mf_size_format(c->need, a, sizeof a), c->disk_bytes ? mf_size_format(c->disk_bytes, b, sizeof b) : "-",
                 c->pred_s, tokens / c->pred_s, r->budget ? (c->fits ? "yes" : "no") : "-", c->lossy ? " (lossy)" : "");
     }
     free(v);
     if (r->chosen >= 0) {
+        char p[32];
         const mf_planner_choice *c = &r->c[r->chosen];
-        fprintf(f, "chosen (*): %s: %s of the %s budget, predicted %.3f s/step (%.0f tokens/s)\n",
-                mf_planner_describe(c, d, sizeof d), mf_size_format(c->need, a, sizeof a),
+        fprintf(f, "chosen (*): %s: process %s (with headroom %s) of the %s budget, predicted %.3f s/step (%.0f tokens/s)\n",
+                mf_planner_describe(c, d, sizeof d), mf_size_format(c->process, p, sizeof p), mf_size_format(c->need, a, sizeof a),
                 r->budget ? mf_size_format(r->budget, b, sizeof b) : "unlimited", c->pred_s, tokens / c->pred_s);
     }
 }
@@ -293,11 +299,11 @@ void mf_planner_print_json(FILE *f, const mf_planner_result *r) {
         const mf_planner_choice *c = &r->c[i];
         fprintf(f, "%s\n{\"index\":%d,\"recompute\":\"%s\",\"auto_blocks\":%d,\"batch\":%d,\"grad_accum\":%d,"
                    "\"optimizer\":\"%s\",\"update_in_backward\":%d,\"offload\":%d,\"lossy\":%d,"
-                   "\"arena_bytes\":%zu,\"disk_bytes\":%zu,\"process_bytes\":%zu,\"gemm_flops\":%.0f,"
+                   "\"arena_bytes\":%zu,\"disk_bytes\":%zu,\"process_bytes\":%zu,\"need_bytes\":%zu,\"gemm_flops\":%.0f,"
                    "\"attn_flops\":%.0f,\"elem_bytes\":%.0f,\"io_bytes\":%.0f,\"pred_step_s\":%.6f,"
                    "\"fits\":%s,\"frontier\":%s,\"chosen\":%s}",
                 i ? "," : "", i, c->recompute, c->auto_k, c->batch, c->grad_accum, c->optimizer, c->update_in_backward,
-                c->offload, c->lossy, c->arena_bytes, c->disk_bytes, c->need, c->gemm_flops, c->attn_flops,
+                c->offload, c->lossy, c->arena_bytes, c->disk_bytes, c->process, c->need, c->gemm_flops, c->attn_flops,
                 c->elem_bytes, c->io_bytes, c->pred_s, c->fits ? "true" : "false", c->frontier ? "true" : "false",
                 c->chosen ? "true" : "false");
     }
