@@ -52,15 +52,15 @@ sweep() {  # name, count, args...
   s=$(smallest "$@")
   if [ -z "$s" ]; then echo "FAIL $name: no smallest feasible budget in the refusal"; cat "$W/ref"; fail=1; return; fi
   echo "== $name: smallest feasible budget $s bytes"
-  # budgets from 0.6x to 3x the smallest feasible one, geometric
+  # budgets from 0.6x to 2.5x the smallest feasible one, geometric
   for b in $($PY -c "
 s=$s; k=$count
-print(' '.join(str(int(s * 0.6 * (5.0 ** (i / (k - 1))))) for i in range(k)))"); do
+print(" ".join(str(int(s * 0.6 * ((2.5 / 0.6) ** (i / (k - 1))))) for i in range(k)))"); do
     one "$b" "$@"
   done
 }
 
 sweep gpt2-1m 20 --model gpt2-1m --batch 8 --seq 128 --steps 2
-sweep gpt2-124m 20 --model gpt2-124m --batch 2 --seq 128 --effective-batch 2 --steps 1
+sweep gpt2-124m 20 --model gpt2-124m --batch 1 --seq 64 --steps 1
 echo "$n budgets, $viol violations"
 exit $fail

@@ -52,6 +52,7 @@ typedef struct {
     double gemm_gflops[MF_RATES_GEMM_ROWS][MF_RATES_GEMM_SIZES]; /* fp32 GEMM (M rows, K=C, N=4C) */
     double attn_gflops;   /* causal flash attention forward+backward, hs 64 */
     double elem_gbs;      /* LayerNorm and GELU kernels, bytes read + written */
+    double optim_mps[4];  /* optimizer update, million parameters/s, by mf_optim_kind */
     double disk_gbs;      /* pwrite + pread of a file, as the offload streams */
     double calib_s;       /* seconds the calibration took */
 } mf_rates;
@@ -59,7 +60,11 @@ typedef struct {
 /* Rates from the cache file, or a fresh calibration (then cached). force:
  * calibrate even when cached. Sets *from_cache. */
 int mf_planner_rates(mf_rates *r, int nthreads, int force, int *from_cache);
-/* Runs the calibration (no cache). */
+/* 0 when the cache holds rates for nthreads (read into r), else -1. */
+int mf_planner_rates_cached(mf_rates *r, int nthreads);
+/* Runs the calibration (no cache). Its buffers (about 70 MiB at most) are
+ * freed before it returns, but they raise the process's peak RSS: memfit
+ * train runs it in a child process when the cache is empty. */
 int mf_planner_calibrate(mf_rates *r, int nthreads);
 /* The GEMM rate at model width C and rows M (log-linear between the
  * calibrated points, clamped at the ends). */
@@ -79,6 +84,7 @@ typedef struct {
     size_t need;          /* process + headroom: the smallest budget it fits */
     size_t peak_cat[MF_CAT_COUNT];
     double gemm_flops, attn_flops, elem_bytes, io_bytes; /* per optimizer step */
+    double optim_params;  /* parameters the optimizer updates per step */
     double pred_s;        /* predicted seconds per optimizer step */
     int fits, frontier, chosen;
 } mf_planner_choice;

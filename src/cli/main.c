@@ -11,10 +11,12 @@
 #include "report.h"
 
 #include <errno.h>
+#include <omp.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MAX_POS 8
@@ -137,6 +139,24 @@ static int report_dir(const char *dir) {
     return mf_fail("cannot create report folder %s: %s", dir, strerror(errno));
 }
 
+/* The planner's rates when the cache has none: measured in a child
+ * process, so the calibration's buffers never count in this process's peak
+ * RSS (which the budget bounds). The trainer then reads the cache; if the
+ * child failed, the trainer calibrates itself. Runs before this process
+ * uses OpenMP. */
+static void calibrate_apart(int threads) {
+    int n = threads > 0 ? threads : omp_get_num_procs();
+    mf_rates r;
+    if (mf_planner_rates_cached(&r, n) == 0) return;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        mf_threads_setup(n);
+        _exit(mf_planner_rates(&r, n, 1, NULL) ? 1 : 0);
+    }
+    if (pid > 0) waitpid(pid, NULL, 0);
+}
+
 /* train and profile: the same run; profile skips validation, checkpoints
  * and samples, and prints its tables at the end. */
 static int cmd_train(int argc, char **argv, int profile) {
@@ -156,6 +176,7 @@ static int cmd_train(int argc, char **argv, int profile) {
         cfg.ckpt_every = 0;
     }
     if (cfg.out_dir[0] && mkdir_p(cfg.out_dir)) return die(mf_error());
+    if (mf_health_configure(cfg.health_levels)) return die(mf_error());
     char metrics_path[MF_PATH_MAX + 32];
     snprintf(metrics_path, sizeof metrics_path, "%s", cfg.metrics);
     if (cfg.report[0]) {
@@ -172,6 +193,7 @@ static int cmd_train(int argc, char **argv, int profile) {
         if (metrics) fclose(metrics);
         return die(mf_error());
     }
+    if (cfg.budget && strcmp(cfg.plan, "auto") == 0) calibrate_apart(cfg.threads);
     double t0 = mf_time_now();
     mf_trainer t;
     if (mf_trainer_init(&t, &cfg, MF_MODE_TRAIN)) {

@@ -1,4 +1,5 @@
 #include "report.h"
+#include "memfit/monitor.h"
 
 #include <cblas.h>
 #include <cjson/cJSON.h>
@@ -114,6 +115,9 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
                 t->step, t->cfg.steps, st->loss, st->lr, st->grad_norm, st->tok_s,
                 sz(t->ledger.peak_total, a), sz(rss, b));
         if (!isnan(val)) fprintf(f, " | val %.4f", val);
+        if (t->cfg.budget)
+            fprintf(f, " | mem %.1f%% %s", 100.0 * (double)rss / (double)t->cfg.budget,
+                    mf_health_name(mf_health_level(rss, t->cfg.budget)));
         fputc('\n', f);
     }
     fflush(f);
@@ -131,6 +135,10 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
                          "\"rss_baseline_bytes\":%zu,\"rss_peak_bytes\":%zu",
                 t->plan.peak_bytes, t->plan.arena_bytes, t->ledger.peak_total, t->ledger.rss_baseline, rss);
         for (int c = 0; mem && c < MF_CAT_COUNT; c++) fprintf(metrics, ",\"mem_%s\":%zu", mf_cat_name((mf_cat)c), mem[c]);
+        /* health of the peak RSS so far against the budget */
+        if (t->cfg.budget)
+            fprintf(metrics, ",\"budget_bytes\":%zu,\"budget_frac\":%.6f,\"health\":\"%s\"", t->cfg.budget,
+                    (double)rss / (double)t->cfg.budget, mf_health_name(mf_health_level(rss, t->cfg.budget)));
         fputs("}\n", metrics);
         fflush(metrics);
     }

@@ -3,6 +3,7 @@
  * work per optimizer step at those rates. */
 #include "memfit/planner.h"
 #include "memfit/kernels.h"
+#include "memfit/optim.h"
 #include "memfit/train.h"
 
 #include <cblas.h>
@@ -60,6 +61,47 @@ static void fill(float *x, size_t n, float s) {
     for (size_t i = 0; i < n; i++) x[i] = s * (float)((i * 2654435761u) % 1000) / 1000.0f - s / 2;
 }
 
+typedef struct { mf_optim o; mf_optim_shape s; void *st[MF_OPTIM_STATES]; float *p, *g; int t; } optim_ctx;
+static void run_optim(void *x) {
+    optim_ctx *c = x;
+    mf_optim_update(&c->o, c->st, c->p, c->g, &c->s, 1e-4f, 0.1f, ++c->t, 1.0f);
+}
+
+/* million parameters per second of one optimizer's update on a 1024 x 4096
+ * matrix (state rows laid out by the optimizer's own plan): 4M parameters,
+ * so parameters, gradients and state (64 MiB with AdamW) exceed the caches
+ * as a model's do */
+static double optim_rate(const char *name) {
+    mf_config cfg;
+    mf_config_defaults(&cfg);
+    optim_ctx c;
+    memset(&c, 0, sizeof c);
+    if (mf_config_set(&cfg, "optimizer", name) || mf_optim_init(&c.o, &cfg)) return 0;
+    c.s = (mf_optim_shape){2, 1024, 4096, 0};
+    mf_plan p;
+    int st[MF_OPTIM_STATES];
+    if (mf_plan_init(&p, 1)) return 0;
+    double rate = 0;
+    size_t n = (size_t)c.s.rows * c.s.cols;
+    uint8_t *base = NULL;
+    if (mf_optim_plan(&c.o, &p, "w", &c.s, 0, 0, -1, st) == 0) {
+        mf_plan_layout(&p);
+        base = calloc(1, p.arena_bytes ? p.arena_bytes : 1);
+        c.p = malloc(n * 4);
+        c.g = malloc(n * 4);
+        if (base && c.p && c.g) {
+            for (int k = 0; k < MF_OPTIM_STATES; k++) c.st[k] = st[k] >= 0 ? base + p.bufs[st[k]].offset : NULL;
+            mf_optim_zero(&c.o, c.st, st, &c.s);
+            fill(c.p, n, 0.1f);
+            fill(c.g, n, 0.01f);
+            rate = (double)n / best_of(run_optim, &c, 0.15) / 1e6;
+        }
+    }
+    free(base); free(c.p); free(c.g);
+    mf_plan_free(&p);
+    return rate;
+}
+
 int mf_planner_calibrate(mf_rates *r, int nthreads) {
     double t0 = mf_time_now();
     memset(r, 0, sizeof *r);
@@ -82,6 +124,11 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
             free(g.a); free(g.b); free(g.c);
         }
     }
+    /* more rows never make a GEMM slower per FLOP; a measurement that says
+     * so is noise (the machine is shared), so the table is made monotone */
+    for (int j = 1; j < MF_RATES_GEMM_ROWS; j++)
+        for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
+            if (r->gemm_gflops[j][i] < r->gemm_gflops[j - 1][i]) r->gemm_gflops[j][i] = r->gemm_gflops[j - 1][i];
     /* attention: B 2, T 256, 4 heads of 64 */
     {
         attn_ctx x = {2, 256, 256, 4, NULL, NULL, NULL, NULL, NULL, NULL};
@@ -118,8 +165,13 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
         free(e.x); free(e.y); free(e.w); free(e.b); free(e.mean); free(e.rstd); free(e.big); free(e.dbig);
         if (!ok) return mf_fail("calibration: out of memory");
     }
-    /* disk: write then read 64 MiB through a 4 MiB buffer, as the offload
-     * windows do (pwrite/pread, through the page cache) */
+    /* the optimizers' updates (AdamW's sqrt and division, 8-bit AdamW's
+     * quantisation) are far from memory-bound: each is its own class */
+    static const char *const opt[4] = {"adamw", "adamw8bit", "adafactor", "sgd"};
+    for (int k = 0; k < 4; k++)
+        if ((r->optim_mps[k] = optim_rate(opt[k])) <= 0) return mf_fail("calibration: optimizer %s failed", opt[k]);
+    /* disk: write (to the device: fdatasync) then read 64 MiB through a
+     * 4 MiB buffer, as the offload windows do (pwrite/pread) */
     {
         char dir[MF_PATH_MAX], path[MF_PATH_MAX + 64];
         mf_cache_dir(dir, sizeof dir);
@@ -137,6 +189,9 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
             for (int rep = 0; rep < 3 && !bad; rep++) {
                 double s0 = mf_time_now();
                 for (size_t off = 0; off < total && !bad; off += chunk) bad |= pwrite(fd, buf, chunk, (off_t)off) != (ssize_t)chunk;
+                /* sustained: a state larger than the dirty-page limits is
+                 * written back at the device's speed */
+                bad |= fdatasync(fd) != 0;
                 for (size_t off = 0; off < total && !bad; off += chunk) bad |= pread(fd, buf, chunk, (off_t)off) != (ssize_t)chunk;
                 double s = mf_time_now() - s0;
                 if (s < best) best = s;
@@ -162,13 +217,14 @@ static int rates_load(mf_rates *r, const char *path, int nthreads) {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     memset(r, 0, sizeof *r);
-    int ok = fscanf(f, "memfit-rates 2 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
+    int ok = fscanf(f, "memfit-rates 3 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
     for (int j = 0; ok && j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; ok && i < MF_RATES_GEMM_SIZES; i++)
             ok = fscanf(f, "gemm %d %d %lf\n", &r->gemm_m[j], &r->gemm_c[i], &r->gemm_gflops[j][i]) == 3 &&
                  r->gemm_gflops[j][i] > 0;
     ok = ok && fscanf(f, "attn %lf\nelem %lf\ndisk %lf\ncalib_s %lf\n", &r->attn_gflops, &r->elem_gbs, &r->disk_gbs,
                       &r->calib_s) == 4 && r->attn_gflops > 0 && r->elem_gbs > 0;
+    for (int k = 0; ok && k < 4; k++) ok = fscanf(f, "optim %lf\n", &r->optim_mps[k]) == 1 && r->optim_mps[k] > 0;
     fclose(f);
     return ok ? 0 : -1;
 }
@@ -178,13 +234,20 @@ static void rates_save(const mf_rates *r, const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return;  /* no cache folder: calibrate next time too */
-    fprintf(f, "memfit-rates 2 threads %d\n", r->threads);
+    fprintf(f, "memfit-rates 3 threads %d\n", r->threads);
     for (int j = 0; j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
             fprintf(f, "gemm %d %d %.6g\n", r->gemm_m[j], r->gemm_c[i], r->gemm_gflops[j][i]);
     fprintf(f, "attn %.6g\nelem %.6g\ndisk %.6g\ncalib_s %.3f\n", r->attn_gflops, r->elem_gbs, r->disk_gbs, r->calib_s);
+    for (int k = 0; k < 4; k++) fprintf(f, "optim %.6g\n", r->optim_mps[k]);
     if (fclose(f) == 0) rename(tmp, path);
     else unlink(tmp);
+}
+
+int mf_planner_rates_cached(mf_rates *r, int nthreads) {
+    char path[MF_PATH_MAX + 200];
+    cache_path(path, sizeof path, nthreads);
+    return rates_load(r, path, nthreads);
 }
 
 int mf_planner_rates(mf_rates *r, int nthreads, int force, int *from_cache) {
@@ -231,9 +294,10 @@ double mf_rates_gemm(const mf_rates *r, int C, int M) {
  * each), GELU (read+write 4NC), residual adds (3NC each): 18 NC floats;
  * backward twice that; selective recomputation adds the LayerNorm and GELU
  * forwards (12 NC); the loss reads the logits and writes their gradient
- * (2 N Vp). The optimizer reads and writes parameters and state and reads
- * gradients; zeroing and the norm touch the gradients twice more. Offload
- * moves every state byte out and back once per step. */
+ * (2 N Vp); zeroing the gradients and their norm read or write them
+ * twice. The optimizer's update is its own class (parameters per second of
+ * that optimizer's kernel). Offload moves every state byte out and back
+ * once per step. */
 double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_model *m, const mf_plan *p) {
     const mf_dims *d = &m->d;
     double N = (double)m->B * m->T, C = d->C, hs = (double)d->C / d->NH;
@@ -246,15 +310,18 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
     double attn = 3.5 * d->L * attn_f + nrec * attn_f;
     double elem = 4.0 * (3 * d->L * 18 * N * C + nrec * 18 * N * C + (sel ? d->L * 12 * N * C : 0) + 2 * N * d->Vp);
     int accum = c->grad_accum > 0 ? c->grad_accum : 1;
-    size_t params = p->total_cat[MF_CAT_PARAMS], grads = p->total_cat[MF_CAT_GRADS];
-    size_t state = p->total_cat[MF_CAT_OPTIM] + p->disk_bytes;
-    double opt = 2.0 * params + 3.0 * grads + 2.0 * state;
+    /* zeroing the gradients and their norm: two passes over them */
+    double grads = (double)p->total_cat[MF_CAT_GRADS];
+    double nparams = 0;
+    for (int i = 0; i < m->n_tensors; i++) nparams += (double)m->tensors[i].numel;
     c->gemm_flops = accum * gemm;
     c->attn_flops = accum * attn;
-    c->elem_bytes = accum * elem + opt;
+    c->elem_bytes = accum * elem + 2.0 * grads;
     c->io_bytes = 2.0 * p->disk_bytes;
+    c->optim_params = nparams;
     double disk = r->disk_gbs > 0 ? r->disk_gbs : r->elem_gbs;
     c->pred_s = c->gemm_flops / (mf_rates_gemm(r, d->C, m->B * m->T) * 1e9) + c->attn_flops / (r->attn_gflops * 1e9) +
-                c->elem_bytes / (r->elem_gbs * 1e9) + c->io_bytes / (disk * 1e9);
+                c->elem_bytes / (r->elem_gbs * 1e9) + c->io_bytes / (disk * 1e9) +
+                nparams / (r->optim_mps[m->opt.kind] * 1e6);
     return c->pred_s;
 }
