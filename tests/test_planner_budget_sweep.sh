@@ -55,7 +55,7 @@ sweep() {  # name, count, args...
   # budgets from 0.6x to 2.5x the smallest feasible one, geometric
   for b in $($PY -c "
 s=$s; k=$count
-print(" ".join(str(int(s * 0.6 * ((2.5 / 0.6) ** (i / (k - 1))))) for i in range(k)))"); do
+print(' '.join(str(int(s * 0.6 * ((2.5 / 0.6) ** (i / (k - 1))))) for i in range(k)))"); do
     one "$b" "$@"
   done
 }
@@ -63,4 +63,5 @@ print(" ".join(str(int(s * 0.6 * ((2.5 / 0.6) ** (i / (k - 1))))) for i in range
 sweep gpt2-1m 20 --model gpt2-1m --batch 8 --seq 128 --steps 2
 sweep gpt2-124m 20 --model gpt2-124m --batch 1 --seq 64 --steps 1
 echo "$n budgets, $viol violations"
+[ "$n" -ge 40 ] || { echo "FAIL: only $n budgets ran"; fail=1; }
 exit $fail
