@@ -102,9 +102,10 @@ typedef struct {
 
 /* Enumerates the settings of cfg (effective batch eff_batch, 0 = batch x
  * grad_accum), plans each, predicts its time, marks the Pareto frontier
- * (no other setting is both smaller and faster) and the choice (the fastest
- * that fits cfg->budget; the requested setting when it fits and is within
- * 3% of the fastest). offload_path: the file offloaded candidates use.
+ * (no other setting is both smaller and faster) and the choice: the fastest
+ * that fits cfg->budget, but an exact setting over a lossy one less than 3%
+ * faster, and the requested setting when it fits and is within 3% of that.
+ * offload_path: the file offloaded candidates use.
  * -1 only when the requested config itself cannot be planned. */
 int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size_t runtime, int nthreads,
                       const mf_rates *rates, const char *offload_path, mf_planner_result *out);

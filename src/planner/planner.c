@@ -190,6 +190,12 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
         x->frontier = !dominated;
         if (x->fits && (out->chosen < 0 || x->pred_s < out->c[out->chosen].pred_s)) out->chosen = i;
     }
+    /* a lossy setting only when it is needed to fit or clearly faster (3%)
+     * than the fastest exact one */
+    int ex = -1;
+    for (int i = 0; i < out->n; i++)
+        if (out->c[i].fits && !out->c[i].lossy && (ex < 0 || out->c[i].pred_s < out->c[ex].pred_s)) ex = i;
+    if (ex >= 0 && out->chosen >= 0 && out->c[out->chosen].lossy && out->c[out->chosen].pred_s >= 0.97 * out->c[ex].pred_s) out->chosen = ex;
     int q = out->requested;
     if (out->chosen >= 0 && q >= 0 && out->c[q].fits && out->c[q].pred_s <= 1.03 * out->c[out->chosen].pred_s)
         out->chosen = q;
