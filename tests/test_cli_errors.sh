@@ -39,6 +39,13 @@ expect_error bad-plan "config key 'plan'" "$M" train "${tiny[@]}" --data "$W/goo
 expect_error bad-health-levels "health_levels" "$M" train "${tiny[@]}" --data "$W/good.tok" --health_levels 0.9,0.8,0.95,0.97
 expect_error effective-batch "not a multiple of batch" "$M" train "${tiny[@]}" --data "$W/good.tok" --effective_batch 3
 expect_error plan-effective-batch "is not effective_batch" "$M" plan --model gpt2-1m --batch 2 --grad_accum 2 --effective_batch 6
+# the arena cannot be mapped (address space limited): the plan by category
+# and the smallest setting. (Not under AddressSanitizer, which needs far
+# more address space than any limit that would stop the arena.)
+if ! ldd "$M" 2>/dev/null | grep -q libasan; then
+  expect_error arena-oom "smallest setting needs" bash -c "ulimit -v 600000; exec \"\$0\" \"\$@\"" "$M" train \
+    --model gpt2-10m --batch 8 --seq 256 --steps 1 --sample_tokens 0 --val_every 0 --val_batches 1 --progress 0
+fi
 expect_error missing-data "No such file" "$M" train "${tiny[@]}" --data "$W/nope.tok"
 head -c 1000 "$W/good.tok" > "$W/trunc.tok"
 expect_error truncated-tokens "truncated" "$M" train "${tiny[@]}" --data "$W/trunc.tok" --out_dir "$W/out_dir"

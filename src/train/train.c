@@ -242,7 +242,10 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
         mf_tensor *x = &t->model.tensors[i];
         x->decay = strcmp(cfg->decay_on, "all") == 0 || (strcmp(cfg->decay_on, "2d") == 0 && x->decay);
     }
-    if (mf_arena_init(&t->arena, &t->plan, &t->ledger)) goto fail;
+    if (mf_arena_init(&t->arena, &t->plan, &t->ledger)) {
+        if (mode == MF_MODE_TRAIN) mf_trainer_oom_hint(t);
+        goto fail;
+    }
     mf_model_init_weights(&t->model, &t->arena, cfg->seed);
     if (mode == MF_MODE_TRAIN && t->model.opt.offload_path[0] && (mf_offstate_open(t) || mf_offstate_zero(t))) goto fail;
     if (cfg->init[0] && mf_trainer_load_weights(t, cfg->init)) goto fail;
