@@ -89,9 +89,11 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode);
  * plan auto, replaces the settings in t->cfg by the planner's choice for
  * the measured baseline (or refuses: no setting fits). */
 int mf_trainer_choose(mf_trainer *t, int search);
-/* Extends the current error (the arena could not be mapped) with the plan
- * by category and the smallest setting of the run; returns -1. */
-int mf_trainer_oom_hint(mf_trainer *t);
+/* Extends the current error with what the planner finds (every key free):
+ * budget != 0 (the plan was over it): the fastest setting that fits, or the
+ * smallest feasible budget; budget 0 (the arena could not be mapped): the
+ * plan by category and the run's smallest setting. Returns -1. */
+int mf_trainer_hint(mf_trainer *t, size_t budget);
 /* The offload file the planner proposes: out_dir/optimizer_state.bin, else
  * $TMPDIR (or /tmp)/memfit-optimizer-state.<pid>.bin. */
 const char *mf_planner_offload_path(const mf_config *cfg, char *buf, size_t n);

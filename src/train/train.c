@@ -236,14 +236,17 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     if (mode == MF_MODE_TRAIN && mf_trainer_choose(t, search)) goto fail;
     cfg = &t->cfg;  /* the settings the run uses (the planner's when it chose) */
     if (mf_train_plan(cfg, mode, t->nthreads, t->ledger.rss_baseline, &t->d, &t->plan, &t->model)) goto fail;
-    if (mf_plan_check_budget(&t->plan, t->ledger.rss_baseline, cfg->budget)) goto fail;
+    if (mf_plan_check_budget(&t->plan, t->ledger.rss_baseline, cfg->budget)) {
+        if (mode == MF_MODE_TRAIN) mf_trainer_hint(t, cfg->budget);
+        goto fail;
+    }
     /* which tensors decay is decided once here, not in every step */
     for (int i = 0; i < t->model.n_tensors; i++) {
         mf_tensor *x = &t->model.tensors[i];
         x->decay = strcmp(cfg->decay_on, "all") == 0 || (strcmp(cfg->decay_on, "2d") == 0 && x->decay);
     }
     if (mf_arena_init(&t->arena, &t->plan, &t->ledger)) {
-        if (mode == MF_MODE_TRAIN) mf_trainer_oom_hint(t);
+        if (mode == MF_MODE_TRAIN) mf_trainer_hint(t, 0);
         goto fail;
     }
     mf_model_init_weights(&t->model, &t->arena, cfg->seed);
