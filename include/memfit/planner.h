@@ -15,8 +15,8 @@
  *    measured at up to 1.5 MiB, see docs/planner.md) is within the budget.
  *  - Time is a model: the step's GEMM FLOPs, attention FLOPs, element-wise
  *    bytes and offload I/O bytes (recomputation included), each at a rate
- *    measured on this machine by mf_planner_calibrate (<= ~2 s, cached per
- *    host name and thread count).
+ *    measured on this machine by mf_planner_calibrate (a few seconds, cached
+ *    per host name and thread count).
  *  - By default only settings that keep the maths of the requested run are
  *    candidates (recompute, micro-batch x accumulation with the effective
  *    batch fixed, update_in_backward when the run does not clip, optimizer
