@@ -30,6 +30,23 @@ expect_error bad-value "config key 'batch'" "$M" train "${tiny[@]}" --data "$W/g
 expect_error bad-size "budget" "$M" train "${tiny[@]}" --data "$W/good.tok" --budget 12parsecs
 expect_error impossible-budget "over by" "$M" train "${tiny[@]}" --data "$W/good.tok" --budget 1MiB --out_dir "$W/out_dir"
 expect_error estimate-budget "over by" "$M" estimate --model gpt2-124m --batch 4 --seq 256 --budget 1GiB
+expect_error train-budget-smallest "smallest feasible budget is" "$M" train "${tiny[@]}" --data "$W/good.tok" --budget 1MiB --out_dir "$W/out_dir"
+expect_error plan-budget-smallest "smallest feasible budget is" "$M" plan --model gpt2-1m --batch 4 --seq 64 --budget 1MiB
+expect_error estimate-budget-hint "smallest feasible budget is" "$M" estimate --model gpt2-124m --batch 4 --seq 256 --budget 1GiB
+expect_error estimate-budget-fits "fastest setting that fits" "$M" estimate --model gpt2-1m --batch 8 --seq 128 --budget 50MiB
+expect_error plan-off-hint "fastest setting that fits" "$M" train --model gpt2-1m --batch 8 --seq 128 --steps 1 --plan off --budget 50MiB --sample_tokens 0
+expect_error bad-allow "config key 'allow'" "$M" plan --model gpt2-1m --allow everything
+expect_error bad-plan "config key 'plan'" "$M" train "${tiny[@]}" --data "$W/good.tok" --plan maybe
+expect_error bad-health-levels "health_levels" "$M" train "${tiny[@]}" --data "$W/good.tok" --health_levels 0.9,0.8,0.95,0.97
+expect_error effective-batch "not a multiple of batch" "$M" train "${tiny[@]}" --data "$W/good.tok" --effective_batch 3
+expect_error plan-effective-batch "is not effective_batch" "$M" plan --model gpt2-1m --batch 2 --grad_accum 2 --effective_batch 6
+# the arena cannot be mapped (address space limited): the plan by category
+# and the smallest setting. (Not under AddressSanitizer, which needs far
+# more address space than any limit that would stop the arena.)
+if ! ldd "$M" 2>/dev/null | grep -q libasan; then
+  expect_error arena-oom "smallest setting needs" bash -c "ulimit -v 600000; exec \"\$0\" \"\$@\"" "$M" train \
+    --model gpt2-10m --batch 8 --seq 256 --steps 1 --sample_tokens 0 --val_every 0 --val_batches 1 --progress 0
+fi
 expect_error missing-data "No such file" "$M" train "${tiny[@]}" --data "$W/nope.tok"
 head -c 1000 "$W/good.tok" > "$W/trunc.tok"
 expect_error truncated-tokens "truncated" "$M" train "${tiny[@]}" --data "$W/trunc.tok" --out_dir "$W/out_dir"

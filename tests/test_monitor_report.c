@@ -224,13 +224,21 @@ static void check_well_formed(const char *path, const char *html) {
 
 static void check_health_table(void) {
     CHECK(mf_health_level(89, 100) == MF_HEALTH_OK, "89%% ok");
-    CHECK(mf_health_level(90, 100) == MF_HEALTH_NOTICE, "90%% notice");
-    CHECK(mf_health_level(92, 100) == MF_HEALTH_WARN, "92%% warn");
-    CHECK(mf_health_level(95, 100) == MF_HEALTH_HIGH, "95%% high");
-    CHECK(mf_health_level(97, 100) == MF_HEALTH_CRITICAL, "97%% critical");
-    CHECK(mf_health_level(500, 100) == MF_HEALTH_CRITICAL, "over budget: critical");
+    CHECK(mf_health_level(90, 100) == MF_HEALTH_TARGET, "90%% target");
+    CHECK(mf_health_level(92, 100) == MF_HEALTH_WARNING, "92%% warning");
+    CHECK(mf_health_level(95, 100) == MF_HEALTH_CRITICAL, "95%% critical");
+    CHECK(mf_health_level(97, 100) == MF_HEALTH_EMERGENCY, "97%% emergency");
+    CHECK(mf_health_level(500, 100) == MF_HEALTH_EMERGENCY, "over budget: emergency");
     CHECK(mf_health_level(500, 0) == MF_HEALTH_OK, "no budget: ok");
-    CHECK(!strcmp(mf_health_name(MF_HEALTH_WARN), "warn"), "names");
+    CHECK(!strcmp(mf_health_name(MF_HEALTH_WARNING), "warning"), "names");
+    /* configurable thresholds: bad specs refused, good ones move the levels */
+    CHECK(mf_health_parse("0.9,0.92,0.95", NULL) < 0, "three levels accepted");
+    CHECK(mf_health_parse("0.9,0.8,0.95,0.97", NULL) < 0, "decreasing levels accepted");
+    CHECK(mf_health_parse("0.9,0.92,0.95,x", NULL) < 0, "non-number accepted");
+    CHECK(mf_health_configure("0.5,0.6,0.7,0.8") == 0, "configure: %s", mf_error());
+    CHECK(mf_health_level(55, 100) == MF_HEALTH_TARGET && mf_health_level(79, 100) == MF_HEALTH_CRITICAL &&
+          mf_health_level(80, 100) == MF_HEALTH_EMERGENCY, "configured levels");
+    CHECK(mf_health_configure("0.90,0.92,0.95,0.97") == 0, "restore defaults");
 }
 
 static const char *plan_json =

@@ -23,6 +23,9 @@ static void config(mf_config *c, const char *data, const char *policy) {
     mf_config_set(c, "seq", "128");
     mf_config_set(c, "batch", "8");
     mf_config_set(c, "recompute", policy);
+    /* this test is about auto alone: the budget planner (which may also
+     * change the micro-batch or offload the optimizer state) stays off */
+    mf_config_set(c, "plan", "off");
 }
 
 static size_t arena_for(const char *data, const char *policy) {

@@ -37,7 +37,7 @@ for p in selective full sqrt every:2; do
 done
 run gpt2-124m-B2-T256-full --model gpt2-124m --batch 2 --seq 256 --steps 1 --recompute full
 # auto under a budget between "full" and "none"
-run gpt2-10m-B8-T256-auto --model gpt2-10m --batch 8 --seq 256 --steps 2 --recompute auto --budget 330MiB
+run gpt2-10m-B8-T256-auto --model gpt2-10m --batch 8 --seq 256 --steps 2 --recompute auto --budget 330MiB --plan off
 # every optimizer's state, and gradients dropped as the update consumes them
 for o in adamw8bit adafactor sgd; do
   run "gpt2-10m-B8-T256-$o" --model gpt2-10m --batch 8 --seq 256 --steps 2 --optimizer "$o" --momentum 0.9

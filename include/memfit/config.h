@@ -52,6 +52,10 @@ typedef struct {
     int ckpt_every;
     /* memory and machine */
     size_t budget;
+    char plan[8];             /* auto | off: train --budget searches the settings */
+    char allow[16];           /* "" | lossy: settings that change the maths may be chosen */
+    int effective_batch;      /* sequences per optimizer step the planner keeps (0 = batch x grad_accum) */
+    char health_levels[64];   /* fractions of the budget: target,warning,critical,emergency */
     int threads;
     char blas_coretype[16];
     int loss_chunk;           /* logits rows computed at a time (0 = all) */

@@ -6,8 +6,9 @@
  *
  * Promises:
  *  - Health: the thresholds are fractions of the memory budget, kept in one
- *    table here; the report's threshold lines and the per-step level come
- *    from the same table.
+ *    process-wide table here (defaults, or health_levels through
+ *    mf_health_configure at start-up); the report's threshold lines and the
+ *    per-step level come from the same table.
  *  - Trace: Chrome trace-event JSON (JSON Array Format: "[ {...}, ... ]"),
  *    which chrome://tracing and ui.perfetto.dev open. Events are streamed to
  *    "<path>.tmp.<pid>" as they are recorded, so memory use is fixed however
@@ -36,22 +37,29 @@ extern "C" {
 /* ---- health ---------------------------------------------------------- */
 
 /* Levels of process memory against the budget, each starting at a fraction
- * of it: notice 0.90, warn 0.92, high 0.95, critical 0.97. */
+ * of it (the seed guides' names): target 0.90, warning 0.92, critical 0.95,
+ * emergency 0.97 by default; config key health_levels changes them. */
 typedef enum {
     MF_HEALTH_OK,
-    MF_HEALTH_NOTICE,
-    MF_HEALTH_WARN,
-    MF_HEALTH_HIGH,
+    MF_HEALTH_TARGET,
+    MF_HEALTH_WARNING,
     MF_HEALTH_CRITICAL,
+    MF_HEALTH_EMERGENCY,
     MF_HEALTH_COUNT
 } mf_health;
 
 /* Fraction of the budget where level h starts (0 for MF_HEALTH_OK). */
 double mf_health_threshold(mf_health h);
-/* "ok", "notice", "warn", "high", "critical". */
+/* "ok", "target", "warning", "critical", "emergency". */
 const char *mf_health_name(mf_health h);
 /* Level of `bytes` against `budget`; budget 0 (none) is always OK. */
 mf_health mf_health_level(size_t bytes, size_t budget);
+/* Parses "0.90,0.92,0.95,0.97" (four increasing fractions in (0, 2]);
+ * -1 with a message otherwise. out may be NULL (validation only). */
+int mf_health_parse(const char *spec, double out[MF_HEALTH_COUNT - 1]);
+/* Sets the process's thresholds from a spec (once, at start-up, before
+ * any thread reads them: the table is process-wide). */
+int mf_health_configure(const char *spec);
 
 /* ---- trace (Chrome trace-event JSON) --------------------------------- */
 

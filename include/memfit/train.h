@@ -17,6 +17,7 @@
 #include "memfit/core.h"
 #include "memfit/data.h"
 #include "memfit/model.h"
+#include "memfit/planner.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -71,6 +72,12 @@ typedef struct {
     int32_t *sample_ctx;  /* T ids */
     float *sample_probs;  /* V floats */
     int *sample_idx;      /* top_k ids */
+    /* budget planner (budget.c): with --budget and plan auto the settings
+     * are the planner's choice, predicted bytes and time kept here */
+    mf_rates rates;
+    int planned;          /* 1: cfg's settings were chosen by the planner */
+    int plan_settings;    /* settings the planner compared */
+    mf_planner_choice choice; /* the run's setting and its prediction */
 } mf_trainer;
 
 typedef struct {
@@ -78,6 +85,18 @@ typedef struct {
 } mf_step_stats;
 
 int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode);
+/* budget.c: resolves effective_batch into grad_accum and, with a budget and
+ * plan auto, replaces the settings in t->cfg by the planner's choice for
+ * the measured baseline (or refuses: no setting fits). */
+int mf_trainer_choose(mf_trainer *t, int search);
+/* Extends the current error with what the planner finds (every key free):
+ * budget != 0 (the plan was over it): the fastest setting that fits, or the
+ * smallest feasible budget; budget 0 (the arena could not be mapped): the
+ * plan by category and the run's smallest setting. Returns -1. */
+int mf_trainer_hint(mf_trainer *t, size_t budget);
+/* The offload file the planner proposes: out_dir/optimizer_state.bin, else
+ * $TMPDIR (or /tmp)/memfit-optimizer-state.<pid>.bin. */
+const char *mf_planner_offload_path(const mf_config *cfg, char *buf, size_t n);
 void mf_trainer_free(mf_trainer *t);
 /* One optimizer step (grad_accum micro-batches). */
 int mf_trainer_step(mf_trainer *t, mf_step_stats *st);

@@ -4,16 +4,19 @@
 #include "memfit/data.h"
 #include "memfit/model.h"
 #include "memfit/monitor.h"
+#include "memfit/planner.h"
 #include "memfit/train.h"
 #include "observe.h"
 #include "profile.h"
 #include "report.h"
 
 #include <errno.h>
+#include <omp.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MAX_POS 8
@@ -136,6 +139,24 @@ static int report_dir(const char *dir) {
     return mf_fail("cannot create report folder %s: %s", dir, strerror(errno));
 }
 
+/* The planner's rates when the cache has none: measured in a child
+ * process, so the calibration's buffers never count in this process's peak
+ * RSS (which the budget bounds). The trainer then reads the cache; if the
+ * child failed, the trainer calibrates itself. Runs before this process
+ * uses OpenMP. */
+static void calibrate_apart(int threads) {
+    int n = threads > 0 ? threads : omp_get_num_procs();
+    mf_rates r;
+    if (mf_planner_rates_cached(&r, n) == 0) return;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        mf_threads_setup(n);
+        _exit(mf_planner_rates(&r, n, 1, NULL) ? 1 : 0);
+    }
+    if (pid > 0) waitpid(pid, NULL, 0);
+}
+
 /* train and profile: the same run; profile skips validation, checkpoints
  * and samples, and prints its tables at the end. */
 static int cmd_train(int argc, char **argv, int profile) {
@@ -155,6 +176,7 @@ static int cmd_train(int argc, char **argv, int profile) {
         cfg.ckpt_every = 0;
     }
     if (cfg.out_dir[0] && mkdir_p(cfg.out_dir)) return die(mf_error());
+    if (mf_health_configure(cfg.health_levels)) return die(mf_error());
     char metrics_path[MF_PATH_MAX + 32];
     snprintf(metrics_path, sizeof metrics_path, "%s", cfg.metrics);
     if (cfg.report[0]) {
@@ -171,6 +193,7 @@ static int cmd_train(int argc, char **argv, int profile) {
         if (metrics) fclose(metrics);
         return die(mf_error());
     }
+    if (cfg.budget && strcmp(cfg.plan, "auto") == 0) calibrate_apart(cfg.threads);
     double t0 = mf_time_now();
     mf_trainer t;
     if (mf_trainer_init(&t, &cfg, MF_MODE_TRAIN)) {
@@ -203,6 +226,10 @@ static int cmd_train(int argc, char **argv, int profile) {
     }
     char ckpt[MF_PATH_MAX + 64];
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", cfg.out_dir);
+    /* step times after the first (warm-up) for the planner's report: the
+     * last 1024, in a fixed array (nothing allocated per step) */
+    static double step_s[1024];
+    int n_step_s = 0, first_step = t.step + 1;
     while (t.step < cfg.steps) {
         mf_step_stats st;
         mf_observer_step_begin(&obs, t.step + 1);
@@ -212,6 +239,7 @@ static int cmd_train(int argc, char **argv, int profile) {
             break;
         }
         int leak = mf_observer_step_end(&obs, 1);
+        if (t.step > first_step) step_s[n_step_s++ % 1024] = st.seconds;
         char leak_msg[1024];
         if (leak) snprintf(leak_msg, sizeof leak_msg, "%s", mf_error());
         int last = t.step == cfg.steps;
@@ -260,6 +288,7 @@ static int cmd_train(int argc, char **argv, int profile) {
     }
     if (!rc) {
         mf_report_memory(stdout, &t);
+        mf_report_planner(stdout, &t, step_s, n_step_s < 1024 ? n_step_s : 1024);
         mf_observer_print_leak(stdout, &obs);
         if (profile) mf_profile_print(stdout, &t, &obs);
     }
@@ -283,6 +312,33 @@ static int cmd_train(int argc, char **argv, int profile) {
     }
     mf_trainer_free(&t);
     return rc;
+}
+
+/* An over-budget message of a fixed config, with what the planner finds:
+ * the fastest setting that would fit, or the smallest feasible budget. */
+static const char *over_budget_hint(const mf_config *cfg, size_t runtime, int nthreads) {
+    static char msg[2048];
+    snprintf(msg, sizeof msg, "%s", mf_error());
+    mf_rates rates;
+    mf_planner_result r;
+    char path[MF_PATH_MAX], d[256], a[32];
+    mf_planner_offload_path(cfg, path, sizeof path);
+    mf_config c = *cfg;
+    /* the planner may vary everything here: the user's keys are what failed */
+    memset(c.set_by_user, 0, sizeof c.set_by_user);
+    if (mf_planner_rates(&rates, nthreads, 0, NULL) ||
+        mf_planner_search(&c, c.effective_batch, strcmp(c.allow, "lossy") == 0, runtime, nthreads, &rates, path, &r))
+        return msg;
+    size_t len = strlen(msg);
+    if (r.chosen >= 0)
+        snprintf(msg + len, sizeof msg - len, "; the fastest setting that fits: %s (%s, predicted %.3f s/step; "
+                 "memfit plan shows the others)", mf_planner_describe(&r.c[r.chosen], d, sizeof d),
+                 mf_size_format(r.c[r.chosen].need, a, sizeof a), r.c[r.chosen].pred_s);
+    else
+        snprintf(msg + len, sizeof msg - len, "; no setting fits: the smallest feasible budget is %s, with %s",
+                 mf_size_format(r.c[r.smallest].need, a, sizeof a), mf_planner_describe(&r.c[r.smallest], d, sizeof d));
+    mf_planner_free(&r);
+    return msg;
 }
 
 static int cmd_estimate(int argc, char **argv) {
@@ -319,9 +375,91 @@ static int cmd_estimate(int argc, char **argv) {
     if (json) mf_report_estimate_json(stdout, &cfg, &d, &plan, &model, runtime);
     else mf_report_estimate(stdout, &cfg, &d, &plan, &model, runtime);
     int rc = 0;
-    if (mf_plan_check_budget(&plan, runtime, cfg.budget)) rc = die(mf_error());
+    if (mf_plan_check_budget(&plan, runtime, cfg.budget)) rc = die(over_budget_hint(&cfg, runtime, nthreads));
     mf_model_free(&model);
     mf_plan_free(&plan);
+    return rc;
+}
+
+/* plan / estimate options that are not config keys */
+static int take_flag(int argc, char **argv, const char *flag, int *n, char **out) {
+    int hit = 0;
+    *n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], flag) == 0) hit = 1;
+        else out[(*n)++] = argv[i];
+    }
+    return hit;
+}
+
+static int cmd_plan(int argc, char **argv) {
+    char *a1[256], *a2[256], *a3[256], *args[256];
+    int n1, n2, n3, n;
+    if (argc > 255) argc = 255;
+    int json = take_flag(argc, argv, "--json", &n1, a1);
+    int all = take_flag(n1, a1, "--all", &n2, a2);
+    int recal = take_flag(n2, a2, "--recalibrate", &n3, a3);
+    memcpy(args, a3, sizeof(char *) * (size_t)n3);
+    n = n3;
+    if (wants_help(n, args)) {
+        printf("usage: memfit plan --model M --batch B --seq T [--effective-batch N] --budget SIZE [--allow lossy]\n"
+               "                   [--json] [--all] [--recalibrate] [other train keys]\n"
+               "  Plans every setting of the run (recompute, micro-batch x grad_accum with the effective batch\n"
+               "  fixed, update_in_backward when grad_clip is 0, optimizer state offloaded to disk; with\n"
+               "  --allow lossy also adamw8bit and adafactor for adamw), predicts each one's step time from this\n"
+               "  machine's calibrated rates, prints the Pareto frontier (memory vs time) and marks the fastest\n"
+               "  setting that fits the budget; the one `memfit train --budget` would use. Keys you set are kept.\n"
+               "  --all lists every setting; --recalibrate re-measures the rates (cached in $MEMFIT_CACHE).\n"
+               "  A budget below every setting: the smallest feasible budget and its setting, exit 1.\n"
+               "  Example: memfit plan --model gpt2-124m --batch 4 --seq 256 --effective-batch 16 --budget 2GiB\n\n");
+        mf_config_print_help(stdout);
+        mf_report_presets(stdout);
+        return 0;
+    }
+    mf_config cfg;
+    char *pos[MAX_POS];
+    int npos;
+    if (parse(&cfg, n, args, pos, &npos)) return die(mf_error());
+    if (npos) { mf_fail("plan takes no positional arguments ('%s')", pos[0]); return die(mf_error()); }
+    int eff = cfg.effective_batch ? cfg.effective_batch : cfg.batch * cfg.grad_accum;
+    if (mf_config_was_set(&cfg, "grad_accum") && cfg.effective_batch && cfg.batch * cfg.grad_accum != cfg.effective_batch) {
+        mf_fail("batch %d x grad_accum %d is not effective_batch %d", cfg.batch, cfg.grad_accum, cfg.effective_batch);
+        return die(mf_error());
+    }
+    int nthreads = mf_threads_setup(cfg.threads);
+    mf_rates rates;
+    int cached = 0;
+    if (mf_planner_rates(&rates, nthreads, recal, &cached)) return die(mf_error());
+    mf_dims d;
+    if (mf_model_dims(&cfg, &d)) return die(mf_error());
+    int T = cfg.seq ? cfg.seq : d.maxT;
+    mf_blas_warmup(&d, cfg.batch * T);
+    size_t runtime = mf_rss_current();
+    char path[MF_PATH_MAX];
+    mf_planner_offload_path(&cfg, path, sizeof path);
+    mf_planner_result r;
+    if (mf_planner_search(&cfg, eff, strcmp(cfg.allow, "lossy") == 0, runtime, nthreads, &rates, path, &r))
+        return die(mf_error());
+    char a[32], b[32];
+    if (json) mf_planner_print_json(stdout, &r);
+    else {
+        printf("plan: %s, effective batch %d x seq %d, budget %s, %s\n", cfg.model, eff, r.seq,
+               cfg.budget ? mf_size_format(cfg.budget, a, sizeof a) : "none",
+               strcmp(cfg.allow, "lossy") == 0 ? "lossy settings allowed" : "exact settings only (--allow lossy adds others)");
+        printf("rates (%s, %d threads): GEMM %.1f GFLOP/s at this model's width and micro-batch rows, "
+               "attention %.1f GFLOP/s, element-wise %.1f GB/s, disk %.2f GB/s\n", cached ? "cached" : "calibrated now",
+               nthreads, mf_rates_gemm(&rates, d.C, cfg.batch * T), rates.attn_gflops, rates.elem_gbs, rates.disk_gbs);
+        printf("process bytes = planned arena + runtime outside it (%s measured here; train's runtime also holds its\n"
+               "tokenizer and data, so train re-plans with its own); offloaded settings use %s\n",
+               mf_size_format(runtime, b, sizeof b), path);
+        mf_planner_print(stdout, &r, all);
+    }
+    int rc = 0;
+    if (r.chosen < 0) {
+        mf_planner_refuse(&r);
+        rc = die(mf_error());
+    }
+    mf_planner_free(&r);
     return rc;
 }
 
@@ -426,6 +564,7 @@ static void usage(FILE *f) {
                "  train      train a model inside its memory plan (memfit train --help lists every key)\n"
                "  profile    run a few steps and print time, FLOPs and memory per layer, with suggestions\n"
                "  estimate   print the memory plan by category and layer (--json for scripts)\n"
+               "  plan       search the settings for the fastest that fits --budget (Pareto table, --json)\n"
                "  sample     generate text from weights\n"
                "  eval       validation loss of weights\n"
                "  tokenize   text to a token file, or --encode stdin to ids\n");
@@ -438,6 +577,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2, 0);
     if (strcmp(cmd, "profile") == 0) return cmd_train(argc - 2, argv + 2, 1);
     if (strcmp(cmd, "estimate") == 0) return cmd_estimate(argc - 2, argv + 2);
+    if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     if (strcmp(cmd, "sample") == 0) return cmd_infer(argc - 2, argv + 2, 1);
     if (strcmp(cmd, "eval") == 0) return cmd_infer(argc - 2, argv + 2, 0);
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);

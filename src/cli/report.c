@@ -1,4 +1,5 @@
 #include "report.h"
+#include "memfit/monitor.h"
 
 #include <cblas.h>
 #include <cjson/cJSON.h>
@@ -55,7 +56,41 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
     const char *ct = getenv("OPENBLAS_CORETYPE");
     fprintf(f, "BLAS: OpenBLAS %s kernels (OPENBLAS_CORETYPE %s)\n", openblas_get_corename(), ct ? ct : "unset");
     print_plan_line(f, &t->plan, t->ledger.rss_baseline, t->cfg.budget);
+    if (t->planned) {
+        char a[256], b[32], c[32], d[32];
+        fprintf(f, "planner: %s, the fastest of %d settings that fits %s (process %s, with headroom %s; predicted %.3f s/step)\n",
+                mf_planner_describe(&t->choice, a, sizeof a), t->plan_settings, sz(t->cfg.budget, b),
+                sz(t->choice.process, c), sz(t->choice.need, d), t->choice.pred_s);
+        if (t->choice.offload) fprintf(f, "planner: optimizer state offloaded to %s (removed at the end)\n",
+                                       t->cfg.offload + strlen("optimizer=disk:"));
+    }
     fflush(f);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void mf_report_planner(FILE *f, const mf_trainer *t, const double *step_s, int n) {
+    if (!t->planned) return;
+    char a[32], b[32], c[32];
+    size_t pred = t->ledger.rss_baseline + t->plan.arena_bytes, rss = mf_rss_peak();
+    fprintf(f, "planner: predicted process %s, measured peak RSS %s (%+.2f%%), budget %s: %s\n", sz(pred, a),
+            sz(rss, b), 100.0 * ((double)rss - (double)pred) / (double)pred, sz(t->cfg.budget, c),
+            rss <= t->cfg.budget ? "within" : "EXCEEDED");
+    if (n < 1) {
+        fprintf(f, "planner: predicted %.3f s/step; too few steps to measure (the first is warm-up)\n", t->choice.pred_s);
+        return;
+    }
+    double *v = malloc(sizeof *v * (size_t)n);
+    if (!v) return;
+    memcpy(v, step_s, sizeof *v * (size_t)n);
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    free(v);
+    fprintf(f, "planner: predicted %.3f s/step, measured median %.3f s over %d steps (%+.1f%%)\n", t->choice.pred_s, med,
+            n, 100.0 * (med - t->choice.pred_s) / t->choice.pred_s);
 }
 
 static void put_num(FILE *f, const char *key, double v, const char *fmt) {
@@ -80,6 +115,9 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
                 t->step, t->cfg.steps, st->loss, st->lr, st->grad_norm, st->tok_s,
                 sz(t->ledger.peak_total, a), sz(rss, b));
         if (!isnan(val)) fprintf(f, " | val %.4f", val);
+        if (t->cfg.budget)
+            fprintf(f, " | mem %.1f%% %s", 100.0 * (double)rss / (double)t->cfg.budget,
+                    mf_health_name(mf_health_level(rss, t->cfg.budget)));
         fputc('\n', f);
     }
     fflush(f);
@@ -97,6 +135,10 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
                          "\"rss_baseline_bytes\":%zu,\"rss_peak_bytes\":%zu",
                 t->plan.peak_bytes, t->plan.arena_bytes, t->ledger.peak_total, t->ledger.rss_baseline, rss);
         for (int c = 0; mem && c < MF_CAT_COUNT; c++) fprintf(metrics, ",\"mem_%s\":%zu", mf_cat_name((mf_cat)c), mem[c]);
+        /* health of the peak RSS so far against the budget */
+        if (t->cfg.budget)
+            fprintf(metrics, ",\"budget_bytes\":%zu,\"budget_frac\":%.6f,\"health\":\"%s\"", t->cfg.budget,
+                    (double)rss / (double)t->cfg.budget, mf_health_name(mf_health_level(rss, t->cfg.budget)));
         fputs("}\n", metrics);
         fflush(metrics);
     }

@@ -16,6 +16,10 @@ void mf_report_header(FILE *f, const mf_trainer *t);
 void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, double val,
                     int progress, FILE *metrics, const size_t *mem);
 void mf_report_memory(FILE *f, const mf_trainer *t);
+/* When the planner chose the settings: its predicted process bytes and step
+ * time beside the measured peak RSS and the median of step_s[0..n) (the
+ * steps after the first; n 0 = none measured). */
+void mf_report_planner(FILE *f, const mf_trainer *t, const double *step_s, int n);
 void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const mf_plan *p,
                         const mf_model *m, size_t runtime);
 /* The plan as one JSON object: what `memfit estimate --json` prints and what

@@ -3,6 +3,7 @@
 #include "memfit/config.h"
 #include "memfit/core.h"
 #include "memfit/model.h"
+#include "memfit/monitor.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -75,6 +76,10 @@ static const key_row keys[] = {
     {"trace", T_STR, S(trace), "", 0, 0, "write a Chrome trace-event JSON file (Perfetto, chrome://tracing): phases, steps and memory by category"},
     {"report", T_STR, S(report), "", 0, 0, "write a self-contained HTML report (loss, tokens/s, memory by category, plan vs measured) into this folder"},
     {"budget", T_SIZE, F(budget), 0, "0", 0, 0, "memory budget for the whole process, e.g. 2GiB (0 = none)"},
+    {"plan", T_STR, S(plan), "auto", 0, 0, "with --budget: auto (train with the fastest setting that fits: recompute, micro-batch x grad_accum, update_in_backward, optimizer offload; keys you set are kept) or off (refuse a plan over budget)"},
+    {"allow", T_STR, S(allow), "", 0, 0, "lossy: the planner may also choose settings that change the maths (adamw8bit, adafactor for adamw); empty = keep the maths"},
+    {"effective_batch", T_INT, F(effective_batch), 0, "0", 0, 1 << 20, "sequences per optimizer step the planner keeps fixed, split as batch x grad_accum (0 = batch x grad_accum)"},
+    {"health_levels", T_STR, S(health_levels), "0.90,0.92,0.95,0.97", 0, 0, "memory health levels target,warning,critical,emergency as fractions of --budget (log, metrics, report)"},
     {"threads", T_INT, F(threads), 0, "0", 0, 4096, "threads (0 = all cores)"},
     {"blas_coretype", T_STR, S(blas_coretype), "auto", 0, 0, "OpenBLAS kernels: auto (fastest for this CPU), env (keep OPENBLAS_CORETYPE), or a core name"},
     {"recompute", T_STR, S(recompute), "none", 0, 0, "activation checkpointing: none (keep all), selective (rebuild LayerNorm/GELU outputs in backward), full (keep each block's input, recompute the block in backward), every:N (keep every N-th block's input, recompute segments of N), sqrt (segments of ceil(sqrt(n_layer))), auto (recompute the fewest blocks that fit --budget)"},
@@ -171,6 +176,10 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
     if (strcmp(r->key, "tokenizer") == 0 && check_enum(r->key, value, tok)) return -1;
     if (strcmp(r->key, "decay_on") == 0 && check_enum(r->key, value, decay)) return -1;
     if (strcmp(r->key, "optimizer") == 0 && check_enum(r->key, value, opt)) return -1;
+    static const char *const plan[] = {"auto", "off", NULL}, *const allow[] = {"", "lossy", NULL};
+    if (strcmp(r->key, "plan") == 0 && check_enum(r->key, value, plan)) return -1;
+    if (strcmp(r->key, "allow") == 0 && check_enum(r->key, value, allow)) return -1;
+    if (strcmp(r->key, "health_levels") == 0 && mf_health_parse(value, NULL)) return -1;
     c->set_by_user[idx] = 1;
     return 0;
 }

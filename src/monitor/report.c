@@ -513,9 +513,9 @@ static int section_memory(FILE *f, const mf_rows *rs, double budget) {
                 snprintf(t, sizeof t, "%.0f%% of the budget: %s", 100 * frac, mf_health_name((mf_health)h));
                 svg_hline(f, &c, id, health_colors[h], frac * budget, t, NULL, 1);
             }
-            svg_hline(f, &c, "budget", health_colors[MF_HEALTH_CRITICAL], budget, title, title, 0);
-            svg_legend(f, &c, health_colors[MF_HEALTH_CRITICAL], "budget", "");
-            svg_legend(f, &c, health_colors[MF_HEALTH_WARN], "health levels", "2 3");
+            svg_hline(f, &c, "budget", health_colors[MF_HEALTH_EMERGENCY], budget, title, title, 0);
+            svg_legend(f, &c, health_colors[MF_HEALTH_EMERGENCY], "budget", "");
+            svg_legend(f, &c, health_colors[MF_HEALTH_WARNING], "health levels", "2 3");
             fputs("</svg>\n", f);
             fprintf(f, "<p>Budget %s; the dotted lines mark the health levels at", size);
             for (int h = 1; h < MF_HEALTH_COUNT; h++)
@@ -695,7 +695,7 @@ static const char *css =
     "svg{display:block;font-size:11px}rect.plot{fill:#fafafa;stroke:#999}"
     "line.grid{stroke:#e4e4e4}text.tick{fill:#555}text.axis{fill:#222}text.nodata{fill:#999;font-size:14px}"
     "polygon.area{stroke:#fff;stroke-width:.5;fill-opacity:.85}"
-    ".health-ok{color:#070}.health-notice,.health-warn{color:#a60}.health-high,.health-critical{color:#b00}";
+    ".health-ok{color:#070}.health-target,.health-warning{color:#a60}.health-critical,.health-emergency{color:#b00}";
 
 static int document(FILE *f, const char *title, const char *metrics_path, const mf_rows *rs,
                     const cJSON *plan, double budget) {

@@ -224,19 +224,31 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     t->sample_idx = malloc((size_t)(cfg->top_k > 0 ? cfg->top_k : 1) * sizeof *t->sample_idx);
     if (!t->sample_ctx || !t->sample_probs || !t->sample_idx) { mf_fail("out of memory"); goto fail; }
 
+    /* the planner's rates are read (or calibrated, once per machine) before
+     * the baseline, so the calibration's buffers are not in it */
+    int search = mode == MF_MODE_TRAIN && cfg->budget && strcmp(cfg->plan, "auto") == 0;
+    if (search && mf_planner_rates(&t->rates, t->nthreads, 0, NULL)) goto fail;
     /* everything outside the arena exists now: measure the baseline */
     mf_blas_warmup(&t->d, t->B * t->T);
     mf_ledger_init(&t->ledger);
     t->ledger.rss_baseline = mf_rss_current();
 
+    if (mode == MF_MODE_TRAIN && mf_trainer_choose(t, search)) goto fail;
+    cfg = &t->cfg;  /* the settings the run uses (the planner's when it chose) */
     if (mf_train_plan(cfg, mode, t->nthreads, t->ledger.rss_baseline, &t->d, &t->plan, &t->model)) goto fail;
-    if (mf_plan_check_budget(&t->plan, t->ledger.rss_baseline, cfg->budget)) goto fail;
+    if (mf_plan_check_budget(&t->plan, t->ledger.rss_baseline, cfg->budget)) {
+        if (mode == MF_MODE_TRAIN) mf_trainer_hint(t, cfg->budget);
+        goto fail;
+    }
     /* which tensors decay is decided once here, not in every step */
     for (int i = 0; i < t->model.n_tensors; i++) {
         mf_tensor *x = &t->model.tensors[i];
         x->decay = strcmp(cfg->decay_on, "all") == 0 || (strcmp(cfg->decay_on, "2d") == 0 && x->decay);
     }
-    if (mf_arena_init(&t->arena, &t->plan, &t->ledger)) goto fail;
+    if (mf_arena_init(&t->arena, &t->plan, &t->ledger)) {
+        if (mode == MF_MODE_TRAIN) mf_trainer_hint(t, 0);
+        goto fail;
+    }
     mf_model_init_weights(&t->model, &t->arena, cfg->seed);
     if (mode == MF_MODE_TRAIN && t->model.opt.offload_path[0] && (mf_offstate_open(t) || mf_offstate_zero(t))) goto fail;
     if (cfg->init[0] && mf_trainer_load_weights(t, cfg->init)) goto fail;

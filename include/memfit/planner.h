@@ -1,0 +1,132 @@
+/* memfit planner: searches the memory settings of a run for the fastest one
+ * whose plan fits the budget, and predicts each setting's step time.
+ *
+ * Owns: the list of candidate settings (mf_planner_result.c, heap, freed by
+ * mf_planner_free) and the machine's kernel-class rates (a small text file
+ * under $MEMFIT_CACHE, written by the calibration). Nothing else.
+ *
+ * Promises:
+ *  - Bytes are exact: each candidate's bytes are the arena of the real plan
+ *    (mf_train_plan on the config with that setting applied) plus the
+ *    measured runtime outside the arena, the same sum the trainer checks.
+ *    A setting fits when that sum plus MF_PLANNER_HEADROOM (growth of the
+ *    process outside the plan after the baseline is read: the arena's page
+ *    tables, thread stacks and BLAS buffers touched in the first step;
+ *    measured at up to 1.5 MiB, see docs/planner.md) is within the budget.
+ *  - Time is a model: the step's GEMM FLOPs, attention FLOPs, element-wise
+ *    bytes and offload I/O bytes (recomputation included), each at a rate
+ *    measured on this machine by mf_planner_calibrate (a few seconds, cached
+ *    per host name and thread count).
+ *  - By default only settings that keep the maths of the requested run are
+ *    candidates (recompute, micro-batch x accumulation with the effective
+ *    batch fixed, update_in_backward when the run does not clip, optimizer
+ *    state offloaded to disk); allow_lossy adds 8-bit AdamW and Adafactor in
+ *    place of AdamW. SGD is never substituted for another optimizer. A key
+ *    the user set explicitly (file or flag) is not varied.
+ *  - Each axis is one row of a table in planner.c; new techniques (precision,
+ *    LoRA) join as rows when they land.
+ */
+#ifndef MEMFIT_PLANNER_H
+#define MEMFIT_PLANNER_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include "memfit/config.h"
+#include "memfit/core.h"
+#include "memfit/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Allowance for process growth outside the plan: 4 MiB + arena / 256. */
+#define MF_PLANNER_HEADROOM(arena) (((size_t)4 << 20) + (arena) / 256)
+
+/* Kernel-class rates of this machine at the run's thread count. */
+#define MF_RATES_GEMM_SIZES 4
+#define MF_RATES_GEMM_ROWS 3
+typedef struct {
+    int threads;
+    int gemm_c[MF_RATES_GEMM_SIZES];          /* model widths C calibrated */
+    int gemm_m[MF_RATES_GEMM_ROWS];           /* rows (B x T) calibrated */
+    double gemm_gflops[MF_RATES_GEMM_ROWS][MF_RATES_GEMM_SIZES]; /* fp32 GEMM (M rows, K=C, N=4C) */
+    double attn_gflops;   /* causal flash attention forward+backward, hs 64 */
+    double elem_gbs;      /* LayerNorm and GELU kernels, bytes read + written */
+    double optim_mps[4];  /* optimizer update, million parameters/s, by mf_optim_kind */
+    double disk_gbs;      /* pwrite + pread of a file, as the offload streams */
+    double calib_s;       /* seconds the calibration took */
+} mf_rates;
+
+/* Rates from the cache file, or a fresh calibration (then cached). force:
+ * calibrate even when cached. Sets *from_cache. */
+int mf_planner_rates(mf_rates *r, int nthreads, int force, int *from_cache);
+/* 0 when the cache holds rates for nthreads (read into r), else -1. */
+int mf_planner_rates_cached(mf_rates *r, int nthreads);
+/* Runs the calibration (no cache). Its buffers (about 70 MiB at most) are
+ * freed before it returns, but they raise the process's peak RSS: memfit
+ * train runs it in a child process when the cache is empty. */
+int mf_planner_calibrate(mf_rates *r, int nthreads);
+/* The GEMM rate at model width C and rows M (log-linear between the
+ * calibrated points, clamped at the ends). */
+double mf_rates_gemm(const mf_rates *r, int C, int M);
+
+/* One candidate setting and what it costs. */
+typedef struct {
+    char recompute[16];
+    int batch, grad_accum;
+    char optimizer[16];
+    int update_in_backward;
+    int offload;          /* optimizer state in a file */
+    int lossy;            /* changes the maths of the requested run */
+    int auto_k;           /* recompute auto: blocks recomputed */
+    size_t arena_bytes, disk_bytes;
+    size_t process;       /* arena + runtime: the predicted peak RSS */
+    size_t need;          /* process + headroom: the smallest budget it fits */
+    size_t peak_cat[MF_CAT_COUNT];
+    double gemm_flops, attn_flops, elem_bytes, io_bytes; /* per optimizer step */
+    double optim_params;  /* parameters the optimizer updates per step */
+    double pred_s;        /* predicted seconds per optimizer step */
+    int fits, frontier, chosen;
+} mf_planner_choice;
+
+typedef struct {
+    mf_planner_choice *c;
+    int n, cap;
+    int chosen;           /* index of the choice, -1 if nothing fits */
+    int smallest;         /* index of the setting needing the fewest bytes */
+    int requested;        /* index of the requested setting, -1 if not enumerated */
+    size_t budget, runtime;
+    int eff_batch, seq;
+    char offload_path[MF_PATH_MAX];
+} mf_planner_result;
+
+/* Enumerates the settings of cfg (effective batch eff_batch, 0 = batch x
+ * grad_accum), plans each, predicts its time, marks the Pareto frontier
+ * (no other setting is both smaller and faster) and the choice: the fastest
+ * that fits cfg->budget, but an exact setting over a lossy one less than 3%
+ * faster, and the requested setting when it fits and is within 3% of that.
+ * offload_path: the file offloaded candidates use.
+ * -1 only when the requested config itself cannot be planned. */
+int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size_t runtime, int nthreads,
+                      const mf_rates *rates, const char *offload_path, mf_planner_result *out);
+void mf_planner_free(mf_planner_result *r);
+/* Writes a choice's settings into cfg (batch, grad_accum, recompute,
+ * optimizer, update_in_backward, offload). */
+int mf_planner_apply(const mf_planner_choice *c, const char *offload_path, mf_config *cfg);
+/* "recompute full, batch 2 x accum 8, adamw, update_in_backward, offload disk" */
+char *mf_planner_describe(const mf_planner_choice *c, char *buf, size_t n);
+/* Sets mf_error to the one-line refusal: the budget, the smallest feasible
+ * budget and its setting, its plan by category; returns -1. */
+int mf_planner_refuse(const mf_planner_result *r);
+/* The frontier table (and, with all, every setting) and the choice. */
+void mf_planner_print(FILE *f, const mf_planner_result *r, int all);
+void mf_planner_print_json(FILE *f, const mf_planner_result *r);
+
+/* Fills c's work counts and pred_s from a planned model (per optimizer
+ * step: grad_accum micro-steps and one update); returns pred_s. */
+double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_model *m, const mf_plan *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

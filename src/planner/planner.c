@@ -1,0 +1,317 @@
+/* The settings search: every combination of the axes below is planned with
+ * the real plan builder (mf_train_plan), timed with the rates model
+ * (rates.c), and the fastest that fits the budget is chosen. */
+#include "memfit/planner.h"
+#include "memfit/train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the axes -----------------------------------------------------------
+ * One axis is a config key and its candidate values. "micro_batch" is the
+ * one pseudo-key: it sets batch and grad_accum so that their product stays
+ * the effective batch (gradients identical to the big batch). Precision and
+ * LoRA join as axes here when they land. */
+#define MAX_VALS 24
+#define N_AXES 5
+typedef struct {
+    const char *key;
+    int n;
+    char val[MAX_VALS][MF_PATH_MAX + 32];
+    int lossy[MAX_VALS];
+} axis;
+
+static void axis_add(axis *a, const char *v, int lossy) {
+    if (a->n >= MAX_VALS) return;
+    snprintf(a->val[a->n], sizeof a->val[0], "%s", v);
+    a->lossy[a->n++] = lossy;
+}
+
+static int build_axes(axis *ax, const mf_config *cfg, int eff, int allow_lossy, const char *offload_path) {
+    memset(ax, 0, sizeof(axis) * N_AXES);
+    char v[64];
+    /* recompute: every policy gives identical gradients */
+    ax[0].key = "recompute";
+    if (mf_config_was_set(cfg, "recompute")) axis_add(&ax[0], cfg->recompute, 0);
+    else {
+        static const char *pol[] = {"none", "selective", "sqrt", "full", "auto"};
+        for (int i = 0; i < 5; i++) axis_add(&ax[0], pol[i], 0);
+    }
+    /* micro-batch x accumulation with the effective batch fixed */
+    ax[1].key = "micro_batch";
+    if (mf_config_was_set(cfg, "grad_accum") && cfg->batch * cfg->grad_accum == eff) {
+        snprintf(v, sizeof v, "%d", cfg->batch);
+        axis_add(&ax[1], v, 0);
+    } else {
+        for (int b = eff; b >= 1; b--) {
+            if (eff % b) continue;
+            snprintf(v, sizeof v, "%d", b);
+            axis_add(&ax[1], v, 0);
+        }
+    }
+    /* optimizer: the requested one; 8-bit AdamW and Adafactor stand in
+     * for AdamW only when lossy settings are allowed; SGD never */
+    ax[2].key = "optimizer";
+    axis_add(&ax[2], cfg->optimizer, 0);
+    if (allow_lossy && strcmp(cfg->optimizer, "adamw") == 0) {
+        axis_add(&ax[2], "adamw8bit", 1);
+        axis_add(&ax[2], "adafactor", 1);
+    }
+    /* update_in_backward: exact only without clipping (and accumulation,
+     * which mf_optim_init enforces) */
+    ax[3].key = "update_in_backward";
+    if (mf_config_was_set(cfg, "update_in_backward") || cfg->grad_clip > 0)
+        axis_add(&ax[3], cfg->update_in_backward ? "1" : "0", 0);
+    else {
+        axis_add(&ax[3], "0", 0);
+        axis_add(&ax[3], "1", 0);
+    }
+    /* optimizer state on disk: exact */
+    ax[4].key = "offload";
+    if (mf_config_was_set(cfg, "offload")) axis_add(&ax[4], cfg->offload, 0);
+    else {
+        axis_add(&ax[4], "", 0);
+        if (offload_path && offload_path[0]) {
+            char o[MF_PATH_MAX + 32];
+            snprintf(o, sizeof o, "optimizer=disk:%s", offload_path);
+            axis_add(&ax[4], o, 0);
+        }
+    }
+    return 0;
+}
+
+static int axis_set(mf_config *c, const axis *a, int i, int eff) {
+    if (strcmp(a->key, "micro_batch") == 0) {
+        c->batch = atoi(a->val[i]);
+        c->grad_accum = eff / c->batch;
+        return 0;
+    }
+    return mf_config_set(c, a->key, a->val[i]);
+}
+
+static int push(mf_planner_result *r, const mf_planner_choice *c) {
+    if (r->n == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 64;
+        mf_planner_choice *nc = realloc(r->c, sizeof *nc * (size_t)cap);
+        if (!nc) return mf_fail("planner: out of memory");
+        r->c = nc;
+        r->cap = cap;
+    }
+    r->c[r->n++] = *c;
+    return 0;
+}
+
+int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size_t runtime, int nthreads,
+                      const mf_rates *rates, const char *offload_path, mf_planner_result *out) {
+    memset(out, 0, sizeof *out);
+    out->chosen = out->smallest = out->requested = -1;
+    out->budget = cfg->budget;
+    out->runtime = runtime;
+    int eff = eff_batch > 0 ? eff_batch : cfg->batch * cfg->grad_accum;
+    out->eff_batch = eff;
+    snprintf(out->offload_path, sizeof out->offload_path, "%s", offload_path ? offload_path : "");
+    /* the requested config must plan: a bad model or seq is the user's
+     * error, not a candidate to skip */
+    {
+        mf_config c0 = *cfg;
+        mf_dims d;
+        mf_plan p;
+        mf_model m;
+        if (mf_train_plan(&c0, MF_MODE_TRAIN, nthreads, runtime, &d, &p, &m)) return -1;
+        out->seq = cfg->seq ? cfg->seq : d.maxT;
+        mf_model_free(&m);
+        mf_plan_free(&p);
+    }
+    axis ax[N_AXES];
+    build_axes(ax, cfg, eff, allow_lossy, offload_path);
+    int idx[N_AXES] = {0};
+    for (;;) {
+        mf_config c = *cfg;
+        int lossy = 0, bad = 0;
+        for (int a = 0; a < N_AXES && !bad; a++) {
+            bad = axis_set(&c, &ax[a], idx[a], eff) != 0;
+            lossy |= ax[a].lossy[idx[a]];
+        }
+        mf_dims d;
+        mf_plan p;
+        mf_model m;
+        /* combinations the optimizer refuses (update_in_backward with
+         * accumulation or offload, offloaded Adafactor) are not settings */
+        if (!bad && mf_train_plan(&c, MF_MODE_TRAIN, nthreads, runtime, &d, &p, &m) == 0) {
+            mf_planner_choice ch;
+            memset(&ch, 0, sizeof ch);
+            snprintf(ch.recompute, sizeof ch.recompute, "%s", c.recompute);
+            ch.batch = c.batch;
+            ch.grad_accum = c.grad_accum;
+            snprintf(ch.optimizer, sizeof ch.optimizer, "%s", c.optimizer);
+            ch.update_in_backward = c.update_in_backward;
+            ch.offload = c.offload[0] != 0;
+            ch.lossy = lossy;
+            ch.auto_k = m.auto_k;
+            ch.arena_bytes = p.arena_bytes;
+            ch.disk_bytes = p.disk_bytes;
+            ch.process = p.arena_bytes + runtime;
+            ch.need = ch.process + MF_PLANNER_HEADROOM(p.arena_bytes);
+            memcpy(ch.peak_cat, p.peak_cat, sizeof ch.peak_cat);
+            mf_planner_predict(rates, &ch, &m, &p);
+            ch.fits = cfg->budget == 0 || ch.need <= cfg->budget;
+            /* auto that resolved to none or every block repeats those */
+            int dup = strcmp(c.recompute, "auto") == 0 && (m.auto_k == 0 || m.auto_k == d.L) &&
+                      !mf_config_was_set(cfg, "recompute");
+            mf_model_free(&m);
+            mf_plan_free(&p);
+            if (!dup && push(out, &ch)) return -1;
+        }
+        int a = 0;
+        while (a < N_AXES && ++idx[a] == ax[a].n) idx[a++] = 0;
+        if (a == N_AXES) break;
+    }
+    if (out->n == 0) return mf_fail("planner: no setting of this run could be planned");
+    /* the requested setting, the smallest, the frontier, the choice */
+    int req_accum = eff % cfg->batch == 0 ? eff / cfg->batch : -1;
+    for (int i = 0; i < out->n; i++) {
+        mf_planner_choice *x = &out->c[i];
+        if (strcmp(x->recompute, cfg->recompute) == 0 && x->batch == cfg->batch && x->grad_accum == req_accum &&
+            strcmp(x->optimizer, cfg->optimizer) == 0 && x->update_in_backward == cfg->update_in_backward &&
+            x->offload == (cfg->offload[0] != 0))
+            out->requested = i;
+        if (out->smallest < 0 || x->need < out->c[out->smallest].need ||
+            (x->need == out->c[out->smallest].need && x->pred_s < out->c[out->smallest].pred_s))
+            out->smallest = i;
+        int dominated = 0;
+        for (int j = 0; j < out->n && !dominated; j++) {
+            const mf_planner_choice *y = &out->c[j];
+            if (j == i) continue;
+            int no_worse = y->need <= x->need && y->pred_s <= x->pred_s;
+            int better = y->need < x->need || y->pred_s < x->pred_s;
+            dominated = no_worse && (better || j < i);  /* exact ties: the first is kept */
+        }
+        x->frontier = !dominated;
+        if (x->fits && (out->chosen < 0 || x->pred_s < out->c[out->chosen].pred_s)) out->chosen = i;
+    }
+    /* a lossy setting only when it is needed to fit or clearly faster (3%)
+     * than the fastest exact one */
+    int ex = -1;
+    for (int i = 0; i < out->n; i++)
+        if (out->c[i].fits && !out->c[i].lossy && (ex < 0 || out->c[i].pred_s < out->c[ex].pred_s)) ex = i;
+    if (ex >= 0 && out->chosen >= 0 && out->c[out->chosen].lossy && out->c[out->chosen].pred_s >= 0.97 * out->c[ex].pred_s) out->chosen = ex;
+    int q = out->requested;
+    if (out->chosen >= 0 && q >= 0 && out->c[q].fits && out->c[q].pred_s <= 1.03 * out->c[out->chosen].pred_s)
+        out->chosen = q;
+    if (out->chosen >= 0) out->c[out->chosen].chosen = 1;
+    return 0;
+}
+
+void mf_planner_free(mf_planner_result *r) {
+    free(r->c);
+    memset(r, 0, sizeof *r);
+}
+
+int mf_planner_apply(const mf_planner_choice *c, const char *offload_path, mf_config *cfg) {
+    char v[MF_PATH_MAX + 32];
+    cfg->batch = c->batch;
+    cfg->grad_accum = c->grad_accum;
+    if (mf_config_set(cfg, "recompute", c->recompute) || mf_config_set(cfg, "optimizer", c->optimizer) ||
+        mf_config_set(cfg, "update_in_backward", c->update_in_backward ? "1" : "0"))
+        return -1;
+    if (c->offload && !cfg->offload[0]) {
+        snprintf(v, sizeof v, "optimizer=disk:%s", offload_path);
+        if (mf_config_set(cfg, "offload", v)) return -1;
+    } else if (!c->offload) cfg->offload[0] = 0;
+    return 0;
+}
+
+char *mf_planner_describe(const mf_planner_choice *c, char *buf, size_t n) {
+    char rc[32];
+    if (strcmp(c->recompute, "auto") == 0) snprintf(rc, sizeof rc, "auto(%d blocks)", c->auto_k);
+    else snprintf(rc, sizeof rc, "%s", c->recompute);
+    snprintf(buf, n, "recompute %s, batch %d x accum %d, %s%s%s", rc, c->batch, c->grad_accum, c->optimizer,
+             c->update_in_backward ? ", update_in_backward" : "", c->offload ? ", offload disk" : "");
+    return buf;
+}
+
+static size_t cats(char *buf, size_t n, const size_t *cat) {
+    size_t len = 0;
+    char tmp[32];
+    buf[0] = 0;
+    for (int i = 0; i < MF_CAT_COUNT && len < n; i++) {
+        if (!cat[i]) continue;
+        len += (size_t)snprintf(buf + len, n - len, "%s%s %s", len ? ", " : "", mf_cat_name((mf_cat)i),
+                                mf_size_format(cat[i], tmp, sizeof tmp));
+    }
+    return len;
+}
+
+int mf_planner_refuse(const mf_planner_result *r) {
+    char a[32], b[32], c[32], d[256], cl[512], rq[768] = "";
+    const mf_planner_choice *s = &r->c[r->smallest];
+    if (r->requested >= 0) {
+        const mf_planner_choice *q = &r->c[r->requested];
+        cats(cl, sizeof cl, q->peak_cat);
+        snprintf(rq, sizeof rq, "the requested settings need %s (%s; runtime %s; headroom %s), over by %s; ",
+                 mf_size_format(q->need, a, sizeof a), cl, mf_size_format(r->runtime, c, sizeof c),
+                 mf_size_format(q->need - q->process, d, sizeof d),
+                 mf_size_format(q->need - (q->need > r->budget ? r->budget : q->need), b, sizeof b));
+    }
+    cats(cl, sizeof cl, s->peak_cat);
+    return mf_fail("budget %s is below every setting (%d planned): %sthe smallest feasible budget is %s (%zu bytes), "
+                   "with %s (%s)", mf_size_format(r->budget, c, sizeof c), r->n, rq, mf_size_format(s->need, a, sizeof a),
+                   s->need, mf_planner_describe(s, d, sizeof d), cl);
+}
+
+static int by_need(const void *pa, const void *pb) {
+    const mf_planner_choice *a = *(const mf_planner_choice *const *)pa, *b = *(const mf_planner_choice *const *)pb;
+    if (a->need != b->need) return (a->need > b->need) - (a->need < b->need);
+    return (a->pred_s > b->pred_s) - (a->pred_s < b->pred_s);
+}
+
+void mf_planner_print(FILE *f, const mf_planner_result *r, int all) {
+    char a[32], b[32], d[256];
+    const mf_planner_choice **v = malloc(sizeof *v * (size_t)r->n);
+    if (!v) return;
+    int n = 0;
+    for (int i = 0; i < r->n; i++)
+        if (all || r->c[i].frontier || r->c[i].chosen) v[n++] = &r->c[i];
+    qsort(v, (size_t)n, sizeof *v, by_need);
+    double tokens = (double)r->eff_batch * r->seq;
+    fprintf(f, "%s (%d of %d settings planned; bytes exact, time predicted)\n",
+            all ? "every setting" : "Pareto frontier, memory vs predicted step time", n, r->n);
+    fprintf(f, "  %-1s %-66s %12s %12s %12s %9s %9s %s\n", "", "setting", "process", "needs", "disk", "s/step", "tok/s",
+            "fits");
+    for (int i = 0; i < n; i++) {
+        const mf_planner_choice *c = v[i];
+        char p[32];
+        fprintf(f, "  %-1s %-66s %12s %12s %12s %9.3f %9.0f %s%s\n", c->chosen ? "*" : "",
+                mf_planner_describe(c, d, sizeof d), mf_size_format(c->process, p, sizeof p),
+                mf_size_format(c->need, a, sizeof a), c->disk_bytes ? mf_size_format(c->disk_bytes, b, sizeof b) : "-",
+                c->pred_s, tokens / c->pred_s, r->budget ? (c->fits ? "yes" : "no") : "-", c->lossy ? " (lossy)" : "");
+    }
+    free(v);
+    if (r->chosen >= 0) {
+        char p[32];
+        const mf_planner_choice *c = &r->c[r->chosen];
+        fprintf(f, "chosen (*): %s: process %s (with headroom %s) of the %s budget, predicted %.3f s/step (%.0f tokens/s)\n",
+                mf_planner_describe(c, d, sizeof d), mf_size_format(c->process, p, sizeof p), mf_size_format(c->need, a, sizeof a),
+                r->budget ? mf_size_format(r->budget, b, sizeof b) : "unlimited", c->pred_s, tokens / c->pred_s);
+    }
+}
+
+void mf_planner_print_json(FILE *f, const mf_planner_result *r) {
+    fprintf(f, "{\"budget\":%zu,\"runtime\":%zu,\"effective_batch\":%d,\"seq\":%d,\"chosen\":%d,\"smallest\":%d,"
+               "\"smallest_feasible_budget\":%zu,\"settings\":[",
+            r->budget, r->runtime, r->eff_batch, r->seq, r->chosen, r->smallest, r->c[r->smallest].need);
+    for (int i = 0; i < r->n; i++) {
+        const mf_planner_choice *c = &r->c[i];
+        fprintf(f, "%s\n{\"index\":%d,\"recompute\":\"%s\",\"auto_blocks\":%d,\"batch\":%d,\"grad_accum\":%d,"
+                   "\"optimizer\":\"%s\",\"update_in_backward\":%d,\"offload\":%d,\"lossy\":%d,"
+                   "\"arena_bytes\":%zu,\"disk_bytes\":%zu,\"process_bytes\":%zu,\"need_bytes\":%zu,\"gemm_flops\":%.0f,"
+                   "\"attn_flops\":%.0f,\"elem_bytes\":%.0f,\"io_bytes\":%.0f,\"pred_step_s\":%.6f,"
+                   "\"fits\":%s,\"frontier\":%s,\"chosen\":%s}",
+                i ? "," : "", i, c->recompute, c->auto_k, c->batch, c->grad_accum, c->optimizer, c->update_in_backward,
+                c->offload, c->lossy, c->arena_bytes, c->disk_bytes, c->process, c->need, c->gemm_flops, c->attn_flops,
+                c->elem_bytes, c->io_bytes, c->pred_s, c->fits ? "true" : "false", c->frontier ? "true" : "false",
+                c->chosen ? "true" : "false");
+    }
+    fprintf(f, "\n]}\n");
+}

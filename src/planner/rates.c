@@ -1,0 +1,327 @@
+/* The planner's time model: kernel-class rates measured on this machine
+ * (calibration, cached per host and thread count) and a planned model's
+ * work per optimizer step at those rates. */
+#include "memfit/planner.h"
+#include "memfit/kernels.h"
+#include "memfit/optim.h"
+#include "memfit/train.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const int gemm_widths[MF_RATES_GEMM_SIZES] = {128, 256, 512, 768};
+static const int gemm_rows[MF_RATES_GEMM_ROWS] = {64, 256, 1024};
+
+/* Repeats fn until at least min_s have passed (and at least twice); the
+ * fastest repetition's seconds. The first call warms caches and is not
+ * counted. */
+typedef void (*bench_fn)(void *ctx);
+static double best_of(bench_fn fn, void *ctx, double min_s) {
+    fn(ctx);
+    double best = INFINITY, start = mf_time_now();
+    for (int i = 0; i < 2 || mf_time_now() - start < min_s; i++) {
+        double t0 = mf_time_now();
+        fn(ctx);
+        double dt = mf_time_now() - t0;
+        if (dt < best) best = dt;
+        if (i > 200) break;
+    }
+    return best;
+}
+
+typedef struct { int M, K, N; float *a, *b, *c; } gemm_ctx;
+static void run_gemm(void *p) {
+    gemm_ctx *g = p;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->M, g->N, g->K, 1.0f, g->a, g->K, g->b, g->N, 0.0f,
+                g->c, g->N);
+}
+
+typedef struct { int B, T, C, NH; float *out, *lse, *qkv, *dqkv, *dout, *scratch; } attn_ctx;
+static void run_attn(void *p) {
+    attn_ctx *x = p;
+    mf_flash_attention_forward(x->out, x->lse, x->qkv, x->B, x->T, x->C, x->NH);
+    mf_flash_attention_backward(x->dqkv, x->scratch, x->dout, x->out, x->qkv, x->lse, x->B, x->T, x->C, x->NH);
+}
+
+typedef struct { int N, C; float *x, *y, *w, *b, *mean, *rstd, *big, *dbig; } elem_ctx;
+static void run_elem(void *p) {
+    elem_ctx *e = p;
+    size_t n = (size_t)e->N * e->C;
+    mf_layernorm_forward(e->y, e->mean, e->rstd, e->x, e->w, e->b, e->N, e->C);
+    mf_gelu_forward(e->dbig, e->big, 4 * n);
+    mf_gelu_backward(e->dbig, e->big, e->dbig, 4 * n);
+}
+
+static void fill(float *x, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) x[i] = s * (float)((i * 2654435761u) % 1000) / 1000.0f - s / 2;
+}
+
+typedef struct { mf_optim o; mf_optim_shape s; void *st[MF_OPTIM_STATES]; float *p, *g; int t; } optim_ctx;
+static void run_optim(void *x) {
+    optim_ctx *c = x;
+    mf_optim_update(&c->o, c->st, c->p, c->g, &c->s, 1e-4f, 0.1f, ++c->t, 1.0f);
+}
+
+/* million parameters per second of one optimizer's update on a 1024 x 4096
+ * matrix (state rows laid out by the optimizer's own plan): 4M parameters,
+ * so parameters, gradients and state (64 MiB with AdamW) exceed the caches
+ * as a model's do */
+static double optim_rate(const char *name) {
+    mf_config cfg;
+    mf_config_defaults(&cfg);
+    optim_ctx c;
+    memset(&c, 0, sizeof c);
+    if (mf_config_set(&cfg, "optimizer", name) || mf_optim_init(&c.o, &cfg)) return 0;
+    c.s = (mf_optim_shape){2, 1024, 4096, 0};
+    mf_plan p;
+    int st[MF_OPTIM_STATES];
+    if (mf_plan_init(&p, 1)) return 0;
+    double rate = 0;
+    size_t n = (size_t)c.s.rows * c.s.cols;
+    uint8_t *base = NULL;
+    if (mf_optim_plan(&c.o, &p, "w", &c.s, 0, 0, -1, st) == 0) {
+        mf_plan_layout(&p);
+        base = calloc(1, p.arena_bytes ? p.arena_bytes : 1);
+        c.p = malloc(n * 4);
+        c.g = malloc(n * 4);
+        if (base && c.p && c.g) {
+            for (int k = 0; k < MF_OPTIM_STATES; k++) c.st[k] = st[k] >= 0 ? base + p.bufs[st[k]].offset : NULL;
+            mf_optim_zero(&c.o, c.st, st, &c.s);
+            fill(c.p, n, 0.1f);
+            fill(c.g, n, 0.01f);
+            rate = (double)n / best_of(run_optim, &c, 0.15) / 1e6;
+        }
+    }
+    free(base); free(c.p); free(c.g);
+    mf_plan_free(&p);
+    return rate;
+}
+
+int mf_planner_calibrate(mf_rates *r, int nthreads) {
+    double t0 = mf_time_now();
+    memset(r, 0, sizeof *r);
+    r->threads = nthreads;
+    /* GEMM at the shape of a block's MLP (rows x C x 4C) for several widths
+     * and row counts (small micro-batches run GEMMs far below peak) */
+    for (int j = 0; j < MF_RATES_GEMM_ROWS; j++) {
+        r->gemm_m[j] = gemm_rows[j];
+        for (int i = 0; i < MF_RATES_GEMM_SIZES; i++) {
+            gemm_ctx g = {gemm_rows[j], gemm_widths[i], 4 * gemm_widths[i], NULL, NULL, NULL};
+            g.a = malloc(sizeof(float) * (size_t)g.M * g.K);
+            g.b = malloc(sizeof(float) * (size_t)g.K * g.N);
+            g.c = malloc(sizeof(float) * (size_t)g.M * g.N);
+            if (!g.a || !g.b || !g.c) { free(g.a); free(g.b); free(g.c); return mf_fail("calibration: out of memory"); }
+            fill(g.a, (size_t)g.M * g.K, 1);
+            fill(g.b, (size_t)g.K * g.N, 1);
+            double s = best_of(run_gemm, &g, 0.06);
+            r->gemm_c[i] = gemm_widths[i];
+            r->gemm_gflops[j][i] = 2.0 * g.M * g.K * g.N / s / 1e9;
+            free(g.a); free(g.b); free(g.c);
+        }
+    }
+    /* more rows never make a GEMM slower per FLOP; a measurement that says
+     * so is noise (the machine is shared), so the table is made monotone */
+    for (int j = 1; j < MF_RATES_GEMM_ROWS; j++)
+        for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
+            if (r->gemm_gflops[j][i] < r->gemm_gflops[j - 1][i]) r->gemm_gflops[j][i] = r->gemm_gflops[j - 1][i];
+    /* attention: B 2, T 256, 4 heads of 64 */
+    {
+        attn_ctx x = {2, 256, 256, 4, NULL, NULL, NULL, NULL, NULL, NULL};
+        size_t n = (size_t)x.B * x.T * x.C;
+        size_t sf = mf_flash_attention_scratch_floats(x.T, x.C / x.NH, nthreads);
+        x.out = malloc(n * 4); x.dout = malloc(n * 4); x.qkv = malloc(3 * n * 4); x.dqkv = malloc(3 * n * 4);
+        x.lse = malloc((size_t)x.B * x.NH * x.T * 4); x.scratch = malloc(sf * 4);
+        int ok = x.out && x.dout && x.qkv && x.dqkv && x.lse && x.scratch;
+        if (ok) {
+            fill(x.qkv, 3 * n, 1);
+            fill(x.dout, n, 1);
+            double s = best_of(run_attn, &x, 0.2);
+            double hs = (double)x.C / x.NH, fwd = 2.0 * x.B * x.NH * (double)x.T * x.T * hs;
+            r->attn_gflops = 3.5 * fwd / s / 1e9;  /* forward 1 + backward 2.5 (see attn_flops) */
+        }
+        free(x.out); free(x.dout); free(x.qkv); free(x.dqkv); free(x.lse); free(x.scratch);
+        if (!ok) return mf_fail("calibration: out of memory");
+    }
+    /* element-wise: LayerNorm forward and GELU forward + backward on a
+     * block's rows (N 1024, C 768) */
+    {
+        elem_ctx e = {1024, 768, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+        size_t n = (size_t)e.N * e.C;
+        e.x = malloc(n * 4); e.y = malloc(n * 4); e.w = malloc(e.C * 4); e.b = malloc(e.C * 4);
+        e.mean = malloc(e.N * 4); e.rstd = malloc(e.N * 4); e.big = malloc(4 * n * 4); e.dbig = malloc(4 * n * 4);
+        int ok = e.x && e.y && e.w && e.b && e.mean && e.rstd && e.big && e.dbig;
+        if (ok) {
+            fill(e.x, n, 2); fill(e.w, e.C, 1); fill(e.b, e.C, 1); fill(e.big, 4 * n, 4);
+            double s = best_of(run_elem, &e, 0.2);
+            /* bytes as the step model counts them: LN reads x writes y; GELU
+             * forward reads and writes 4n; backward reads 2 x 4n writes 4n */
+            r->elem_gbs = (2.0 * n + 2.0 * 4 * n + 3.0 * 4 * n) * 4 / s / 1e9;
+        }
+        free(e.x); free(e.y); free(e.w); free(e.b); free(e.mean); free(e.rstd); free(e.big); free(e.dbig);
+        if (!ok) return mf_fail("calibration: out of memory");
+    }
+    /* the optimizers' updates (AdamW's sqrt and division, 8-bit AdamW's
+     * quantisation) are far from memory-bound: each is its own class */
+    static const char *const opt[4] = {"adamw", "adamw8bit", "adafactor", "sgd"};
+    for (int k = 0; k < 4; k++)
+        if ((r->optim_mps[k] = optim_rate(opt[k])) <= 0) return mf_fail("calibration: optimizer %s failed", opt[k]);
+    /* disk: write (to the device: fdatasync) then read 64 MiB through a
+     * 4 MiB buffer, as the offload windows do (pwrite/pread) */
+    {
+        char dir[MF_PATH_MAX], path[MF_PATH_MAX + 64];
+        mf_cache_dir(dir, sizeof dir);
+        snprintf(path, sizeof path, "%s/calibrate.%d.tmp", dir, (int)getpid());
+        size_t chunk = (size_t)4 << 20, total = (size_t)64 << 20;
+        char *buf = malloc(chunk);
+        int fd = buf ? open(path, O_RDWR | O_CREAT | O_TRUNC, 0600) : -1;
+        if (fd < 0) {
+            /* no cache folder: the model uses the memory rate for I/O */
+            r->disk_gbs = 0;
+        } else {
+            memset(buf, 1, chunk);
+            double best = INFINITY;
+            int bad = 0;
+            for (int rep = 0; rep < 3 && !bad; rep++) {
+                double s0 = mf_time_now();
+                for (size_t off = 0; off < total && !bad; off += chunk) bad |= pwrite(fd, buf, chunk, (off_t)off) != (ssize_t)chunk;
+                /* sustained: a state larger than the dirty-page limits is
+                 * written back at the device's speed */
+                bad |= fdatasync(fd) != 0;
+                for (size_t off = 0; off < total && !bad; off += chunk) bad |= pread(fd, buf, chunk, (off_t)off) != (ssize_t)chunk;
+                double s = mf_time_now() - s0;
+                if (s < best) best = s;
+            }
+            close(fd);
+            unlink(path);
+            r->disk_gbs = bad ? 0 : 2.0 * (double)total / best / 1e9;
+        }
+        free(buf);
+    }
+    r->calib_s = mf_time_now() - t0;
+    return 0;
+}
+
+static void cache_path(char *buf, size_t n, int nthreads) {
+    char dir[MF_PATH_MAX], host[128] = "host";
+    gethostname(host, sizeof host - 1);
+    for (char *p = host; *p; p++) if (*p == '/') *p = '_';
+    snprintf(buf, n, "%s/rates-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, nthreads);
+}
+
+static int rates_load(mf_rates *r, const char *path, int nthreads) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    memset(r, 0, sizeof *r);
+    int ok = fscanf(f, "memfit-rates 3 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
+    for (int j = 0; ok && j < MF_RATES_GEMM_ROWS; j++)
+        for (int i = 0; ok && i < MF_RATES_GEMM_SIZES; i++)
+            ok = fscanf(f, "gemm %d %d %lf\n", &r->gemm_m[j], &r->gemm_c[i], &r->gemm_gflops[j][i]) == 3 &&
+                 r->gemm_gflops[j][i] > 0;
+    ok = ok && fscanf(f, "attn %lf\nelem %lf\ndisk %lf\ncalib_s %lf\n", &r->attn_gflops, &r->elem_gbs, &r->disk_gbs,
+                      &r->calib_s) == 4 && r->attn_gflops > 0 && r->elem_gbs > 0;
+    for (int k = 0; ok && k < 4; k++) ok = fscanf(f, "optim %lf\n", &r->optim_mps[k]) == 1 && r->optim_mps[k] > 0;
+    fclose(f);
+    return ok ? 0 : -1;
+}
+
+static void rates_save(const mf_rates *r, const char *path) {
+    char tmp[MF_PATH_MAX + 80];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;  /* no cache folder: calibrate next time too */
+    fprintf(f, "memfit-rates 3 threads %d\n", r->threads);
+    for (int j = 0; j < MF_RATES_GEMM_ROWS; j++)
+        for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
+            fprintf(f, "gemm %d %d %.6g\n", r->gemm_m[j], r->gemm_c[i], r->gemm_gflops[j][i]);
+    fprintf(f, "attn %.6g\nelem %.6g\ndisk %.6g\ncalib_s %.3f\n", r->attn_gflops, r->elem_gbs, r->disk_gbs, r->calib_s);
+    for (int k = 0; k < 4; k++) fprintf(f, "optim %.6g\n", r->optim_mps[k]);
+    if (fclose(f) == 0) rename(tmp, path);
+    else unlink(tmp);
+}
+
+int mf_planner_rates_cached(mf_rates *r, int nthreads) {
+    char path[MF_PATH_MAX + 200];
+    cache_path(path, sizeof path, nthreads);
+    return rates_load(r, path, nthreads);
+}
+
+int mf_planner_rates(mf_rates *r, int nthreads, int force, int *from_cache) {
+    char path[MF_PATH_MAX + 200];
+    cache_path(path, sizeof path, nthreads);
+    if (from_cache) *from_cache = 0;
+    if (!force && rates_load(r, path, nthreads) == 0) {
+        if (from_cache) *from_cache = 1;
+        return 0;
+    }
+    if (mf_planner_calibrate(r, nthreads)) return -1;
+    rates_save(r, path);
+    return 0;
+}
+
+/* position of x between the calibrated points v[0..n-1]: index i and
+ * fraction f of the way (log scale) to v[i+1], clamped */
+static void locate(const int *v, int n, double x, int *i, double *f) {
+    if (x <= v[0]) { *i = 0; *f = 0; return; }
+    if (x >= v[n - 1]) { *i = n - 2; *f = 1; return; }
+    int k = 1;
+    while (k < n - 1 && x > v[k]) k++;
+    *i = k - 1;
+    *f = log(x / v[k - 1]) / log((double)v[k] / v[k - 1]);
+}
+
+double mf_rates_gemm(const mf_rates *r, int C, int M) {
+    int i, j;
+    double fc, fm;
+    locate(r->gemm_c, MF_RATES_GEMM_SIZES, C, &i, &fc);
+    locate(r->gemm_m, MF_RATES_GEMM_ROWS, M, &j, &fm);
+    double lo = r->gemm_gflops[j][i] + fc * (r->gemm_gflops[j][i + 1] - r->gemm_gflops[j][i]);
+    double hi = r->gemm_gflops[j + 1][i] + fc * (r->gemm_gflops[j + 1][i + 1] - r->gemm_gflops[j + 1][i]);
+    return lo + fm * (hi - lo);
+}
+
+/* The work of one optimizer step of a planned model.
+ * GEMM FLOPs: a block's matmuls are 2N(3C^2 + C^2 + 4C^2 + 4C^2) forward,
+ * twice that backward (input and weight gradients); the tied head 2N C Vp
+ * likewise. Attention (causal, FlashAttention): 2 B NH T^2 hs forward (QK^T
+ * and PV over half the square); backward recomputes the scores and takes
+ * four products: 2.5x forward. A recomputed block adds its forward.
+ * Element-wise bytes: per block forward, LayerNorm x2 (read+write N C
+ * each), GELU (read+write 4NC), residual adds (3NC each): 18 NC floats;
+ * backward twice that; selective recomputation adds the LayerNorm and GELU
+ * forwards (12 NC); the loss reads the logits and writes their gradient
+ * (2 N Vp); zeroing the gradients and their norm read or write them
+ * twice. The optimizer's update is its own class (parameters per second of
+ * that optimizer's kernel). Offload moves every state byte out and back
+ * once per step. */
+double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_model *m, const mf_plan *p) {
+    const mf_dims *d = &m->d;
+    double N = (double)m->B * m->T, C = d->C, hs = (double)d->C / d->NH;
+    double blk_mm = 2 * N * 12 * C * C, head = 2 * N * C * d->Vp;
+    double attn_f = 2.0 * m->B * d->NH * (double)m->T * m->T * hs;
+    int nrec = 0;
+    for (int l = 0; l < d->L; l++) nrec += m->seg > 0 || l < m->auto_k;
+    int sel = m->recompute.policy == MF_RECOMPUTE_SELECTIVE;
+    double gemm = 3 * (d->L * blk_mm + head) + nrec * blk_mm;
+    double attn = 3.5 * d->L * attn_f + nrec * attn_f;
+    double elem = 4.0 * (3 * d->L * 18 * N * C + nrec * 18 * N * C + (sel ? d->L * 12 * N * C : 0) + 2 * N * d->Vp);
+    int accum = c->grad_accum > 0 ? c->grad_accum : 1;
+    /* zeroing the gradients and their norm: two passes over them */
+    double grads = (double)p->total_cat[MF_CAT_GRADS];
+    double nparams = 0;
+    for (int i = 0; i < m->n_tensors; i++) nparams += (double)m->tensors[i].numel;
+    c->gemm_flops = accum * gemm;
+    c->attn_flops = accum * attn;
+    c->elem_bytes = accum * elem + 2.0 * grads;
+    c->io_bytes = 2.0 * p->disk_bytes;
+    c->optim_params = nparams;
+    double disk = r->disk_gbs > 0 ? r->disk_gbs : r->elem_gbs;
+    c->pred_s = c->gemm_flops / (mf_rates_gemm(r, d->C, m->B * m->T) * 1e9) + c->attn_flops / (r->attn_gflops * 1e9) +
+                c->elem_bytes / (r->elem_gbs * 1e9) + c->io_bytes / (disk * 1e9) +
+                nparams / (r->optim_mps[m->opt.kind] * 1e6);
+    return c->pred_s;
+}
