@@ -49,4 +49,41 @@ run gpt2-10m-B8-T256-offload --model gpt2-10m --batch 8 --seq 256 --steps 2 --of
 # loading a checkpoint after the arena exists must not add the file to the peak
 run gpt2-10m-save --model gpt2-10m --batch 4 --seq 128 --steps 1 --out_dir "$W/ck"
 run gpt2-10m-resume --model gpt2-10m --batch 4 --seq 128 --steps 2 --resume "$W/ck/checkpoint.safetensors"
+# data parallel over 2 ranks: each rank's peak RSS is its baseline plus its
+# own plan, and falls from stage to stage as the plan says. The model is
+# 10.7M parameters of layers (byte vocabulary, width 384): with GPT-2's
+# vocabulary the tied embedding's whole gradient and parameter sit at the
+# head's peak, and stages 2 and 3 plan more than stage 1 (docs/memory.md).
+. "$(dirname "$0")/mpi_env.sh"
+for z in 0 1 2 3; do
+  if ! "${MPIRUN[@]}" -np 2 "$M" train --model gpt2-10m --tokenizer bytes --n_embd 384 --n_head 6 --batch 4 --seq 128 --steps 2 --threads 1 --zero $z \
+      --sample_tokens 0 --val_every 0 --val_batches 1 --metrics "$W/z$z.jsonl" > "$W/log" 2>&1; then
+    echo "FAIL zero $z: mpirun failed"; tail -3 "$W/log"; fail=1
+  fi
+done
+/usr/bin/python3 - "$W" <<'PY' || fail=1
+import json, sys
+w = sys.argv[1]
+ok = True
+rows = {}
+for z in range(4):
+    for r, suffix in enumerate(("", ".rank1")):
+        m = json.loads(open(f"{w}/z{z}.jsonl{suffix}").read().splitlines()[-1])
+        pred = m["rss_baseline_bytes"] + m["arena_bytes"]
+        rss = m["rss_peak_bytes"]
+        good = abs(rss - pred) <= max(0.03 * pred, 32 * 2**20) and m["ledger_peak_bytes"] == m["planned_peak_bytes"]
+        ok &= good
+        rows[(z, r)] = (m["arena_bytes"], rss)
+        print("%s L6-C384-bytes-B4-T128 np=2 zero %d rank %d: predicted %.1f MiB, peak RSS %.1f MiB (%+.2f%%)" % (
+            "ok  " if good else "FAIL", z, r, pred / 2**20, rss / 2**20, 100.0 * (rss - pred) / pred))
+for z in (1, 2, 3):
+    for r in range(2):
+        dplan = rows[(z - 1, r)][0] - rows[(z, r)][0]
+        drss = rows[(z - 1, r)][1] - rows[(z, r)][1]
+        good = dplan > 0 and abs(drss - dplan) <= max(0.1 * abs(dplan), 8 * 2**20)
+        ok &= good
+        print("%s zero %d -> %d rank %d: plan falls %.1f MiB, peak RSS falls %.1f MiB" % (
+            "ok  " if good else "FAIL", z - 1, z, r, dplan / 2**20, drss / 2**20))
+sys.exit(0 if ok else 1)
+PY
 exit $fail

@@ -61,6 +61,9 @@ typedef struct {
     int loss_chunk;           /* logits rows computed at a time (0 = all) */
     char recompute[16];       /* none | full */
     int log_every;
+    int zero;                 /* ZeRO stage over the data-parallel ranks (dist/) */
+    int world_size;           /* ranks the plan is for (memfit estimate; train takes mpirun's) */
+    double dist_timeout;      /* seconds a collective waits for a peer (0 = forever) */
     int progress;             /* -1 auto (terminal), 0 off, 1 on */
     unsigned char set_by_user[128]; /* per table row: 1 if file or flag set it */
 } mf_config;

@@ -72,7 +72,11 @@ typedef struct {
     int decay;          /* AdamW weight decay applies (2-D by default; the trainer applies decay_on) */
     int p, g;           /* plan ids: param, grad (-1 if none) */
     int st[MF_OPTIM_STATES]; /* optimizer state rows (mf_optim_plan; -1 if none) */
-    mf_optim_shape os;  /* the tensor as the optimizer sees it */
+    mf_optim_shape os;  /* the tensor as the optimizer sees it (ZeRO >= 1: this rank's shard, 1-D) */
+    int64_t lo, hi;     /* this rank's shard of the elements (dist/; [0, numel) unless ZeRO >= 1 on > 1 rank) */
+    int gs;             /* ZeRO 2 and 3: the persistent gradient shard row (hi - lo floats), else -1 */
+    int ps, pb;         /* ZeRO 3: the persistent parameter shard row, and the full row backward
+                         * gathers into (p is then the one forward gathers into); else -1 */
 } mf_tensor;
 
 typedef struct {
@@ -107,10 +111,13 @@ typedef struct {
     int dres, dln, dbig, dqkv, attn_scratch; /* backward scratch, one layer's worth */
     mf_optim opt;         /* training: the optimizer whose state rows are planned */
     int offload_win[2];   /* offloaded state: the two streaming windows (optimizer phase), else -1 */
-    /* update_in_backward: called when tensors [first, first+n) have their
-     * complete gradient (inside the backward phase that finished them) */
+    /* update_in_backward and ZeRO 2: called when tensors [first, first+n)
+     * have their complete gradient (inside the backward phase that finished
+     * them); their gradient rows live only while backward builds them */
     void (*grads_ready)(void *ctx, int first, int n);
     void *grads_ctx;
+    int comm;             /* dist: the ring collectives' scratch row (mf_zero_plan), else -1 */
+    int comm_err;         /* ZeRO 3: a parameter gather failed (message in mf_error) */
 } mf_model;
 
 /* Phases of one micro-step (lifetimes are ranges of these). */

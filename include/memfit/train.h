@@ -49,7 +49,8 @@ typedef struct {
     mf_config cfg;
     mf_dims d;
     mf_mode mode;         /* MF_MODE_INFER for eval and sampling */
-    int B, T, nthreads;
+    int B, T, nthreads;   /* B: this rank's share of the configured batch */
+    int world, rank;      /* data-parallel ranks (dist/): 1 and 0 without mpirun */
     mf_plan plan;
     mf_model model;
     mf_ledger ledger;
@@ -116,6 +117,12 @@ int mf_offstate_zero(mf_trainer *t);
 int mf_offstate_step(mf_trainer *t, float gscale);
 int mf_offstate_row_io(mf_trainer *t, int tensor, int id, uint64_t off, void *buf, size_t len, int write);
 
+/* Data parallel with ZeRO >= 1: rank r of N writes and resumes from PATH
+ * with ".rank<r>-of-<N>" before ".safetensors" (into out, n bytes). */
+void mf_trainer_shard_path(const char *path, int rank, int world, char *out, size_t n);
+/* Joins the N shard files of a ZeRO checkpoint PATH (as named above) into
+ * one single-process checkpoint at out_path. */
+int mf_checkpoint_consolidate(const char *path, const char *out_path);
 int mf_trainer_save_checkpoint(const mf_trainer *t, const char *path);
 int mf_trainer_load_checkpoint(mf_trainer *t, const char *path);
 /* Weights only, Hugging Face GPT-2 names (unpadded vocabulary). */

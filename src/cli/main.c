@@ -2,12 +2,14 @@
 #include "memfit/config.h"
 #include "memfit/core.h"
 #include "memfit/data.h"
+#include "memfit/dist.h"
 #include "memfit/model.h"
 #include "memfit/monitor.h"
 #include "memfit/planner.h"
 #include "memfit/train.h"
 #include "observe.h"
 #include "profile.h"
+#include "convert.h"
 #include "report.h"
 
 #include <errno.h>
@@ -109,7 +111,9 @@ static void usage_train(FILE *f) {
                "  Shorthand: --model PRESET --batch B --seq T --steps N --budget SIZE.\n"
                "  --trace FILE.json writes phases, steps and memory by category (ui.perfetto.dev);\n"
                "  --report DIR writes DIR/report.html (and DIR/metrics.jsonl unless --metrics is given).\n"
-               "  Example: memfit train --model gpt2-124m --batch 4 --seq 256 --steps 3\n\n");
+               "  Under mpirun -np N: data parallel over N ranks, --batch split over them, --zero 0-3 shards state.\n"
+               "  Example: memfit train --model gpt2-124m --batch 4 --seq 256 --steps 3\n"
+               "  Example: mpirun -np 2 memfit train --model gpt2-10m --batch 8 --zero 1\n\n");
     mf_config_print_help(f);
     mf_report_presets(f);
 }
@@ -175,6 +179,7 @@ static int cmd_train(int argc, char **argv, int profile) {
         cfg.val_every = 0;
         cfg.ckpt_every = 0;
     }
+    if (mf_dist_rank() > 0) cfg.report[0] = cfg.trace[0] = 0;  /* rank 0 writes the job's report and trace */
     if (cfg.out_dir[0] && mkdir_p(cfg.out_dir)) return die(mf_error());
     if (mf_health_configure(cfg.health_levels)) return die(mf_error());
     char metrics_path[MF_PATH_MAX + 32];
@@ -183,6 +188,9 @@ static int cmd_train(int argc, char **argv, int profile) {
         if (report_dir(cfg.report)) return die(mf_error());
         if (!metrics_path[0]) snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", cfg.report);
     }
+    /* data parallel: ranks other than 0 write theirs beside rank 0's */
+    if (metrics_path[0] && mf_dist_rank() > 0)
+        snprintf(metrics_path + strlen(metrics_path), sizeof metrics_path - strlen(metrics_path), ".rank%d", mf_dist_rank());
     FILE *metrics = NULL;
     if (metrics_path[0] && !(metrics = fopen(metrics_path, cfg.resume[0] ? "a" : "w"))) {
         mf_fail("cannot open metrics file %s: %s", metrics_path, strerror(errno));
@@ -193,7 +201,7 @@ static int cmd_train(int argc, char **argv, int profile) {
         if (metrics) fclose(metrics);
         return die(mf_error());
     }
-    if (cfg.budget && strcmp(cfg.plan, "auto") == 0) calibrate_apart(cfg.threads);
+    if (cfg.budget && strcmp(cfg.plan, "auto") == 0 && mf_dist_world() == 1) calibrate_apart(cfg.threads);
     double t0 = mf_time_now();
     mf_trainer t;
     if (mf_trainer_init(&t, &cfg, MF_MODE_TRAIN)) {
@@ -375,7 +383,7 @@ static int cmd_estimate(int argc, char **argv) {
     if (json) mf_report_estimate_json(stdout, &cfg, &d, &plan, &model, runtime);
     else mf_report_estimate(stdout, &cfg, &d, &plan, &model, runtime);
     int rc = 0;
-    if (mf_plan_check_budget(&plan, runtime, cfg.budget)) rc = die(over_budget_hint(&cfg, runtime, nthreads));
+    if (mf_plan_check_budget(&plan, runtime, cfg.budget)) rc = die(cfg.world_size > 1 ? mf_error() : over_budget_hint(&cfg, runtime, nthreads));
     mf_model_free(&model);
     mf_plan_free(&plan);
     return rc;
@@ -567,20 +575,23 @@ static void usage(FILE *f) {
                "  plan       search the settings for the fastest that fits --budget (Pareto table, --json)\n"
                "  sample     generate text from weights\n"
                "  eval       validation loss of weights\n"
-               "  tokenize   text to a token file, or --encode stdin to ids\n");
+               "  tokenize   text to a token file, or --encode stdin to ids\n"
+               "  convert    join the per-rank shards of a ZeRO checkpoint into one file\n");
 }
 
 int main(int argc, char **argv) {
     blas_coretype_setup(argc, argv);
     if (argc < 2) { usage(stderr); return 2; }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2, 0);
-    if (strcmp(cmd, "profile") == 0) return cmd_train(argc - 2, argv + 2, 1);
+    /* under mpirun: MPI starts first and ends with the command's status */
+    if (strcmp(cmd, "train") == 0) return mf_dist_finish(mf_dist_init() ? die(mf_error()) : cmd_train(argc - 2, argv + 2, 0));
+    if (strcmp(cmd, "profile") == 0) return mf_dist_finish(mf_dist_init() ? die(mf_error()) : cmd_train(argc - 2, argv + 2, 1));
     if (strcmp(cmd, "estimate") == 0) return cmd_estimate(argc - 2, argv + 2);
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
-    if (strcmp(cmd, "sample") == 0) return cmd_infer(argc - 2, argv + 2, 1);
-    if (strcmp(cmd, "eval") == 0) return cmd_infer(argc - 2, argv + 2, 0);
+    if (strcmp(cmd, "sample") == 0) return mf_dist_finish(cmd_infer(argc - 2, argv + 2, 1));
+    if (strcmp(cmd, "eval") == 0) return mf_dist_finish(cmd_infer(argc - 2, argv + 2, 0));
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
+    if (strcmp(cmd, "convert") == 0) return mf_cli_convert(argc - 2, argv + 2);
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) { usage(stdout); return 0; }
     fprintf(stderr, "memfit: error: unknown command '%s'\n", cmd);
     usage(stderr);

@@ -1,4 +1,5 @@
 #include "report.h"
+#include "memfit/dist.h"
 #include "memfit/monitor.h"
 
 #include <cblas.h>
@@ -53,6 +54,9 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
             t->B, t->T, t->cfg.grad_accum, t->B * t->T * t->cfg.grad_accum, t->nthreads,
             (unsigned long long)(t->train_hi - t->train_lo), t->n_val_batches,
             recompute_desc(&t->cfg, &t->model, rc, sizeof rc));
+    if (t->world > 1)
+        fprintf(f, "data parallel: %d ranks of batch %d (global batch %d), ZeRO stage %d; memory below is per rank\n",
+                t->world, t->B, t->B * t->world, t->model.opt.zero);
     const char *ct = getenv("OPENBLAS_CORETYPE");
     fprintf(f, "BLAS: OpenBLAS %s kernels (OPENBLAS_CORETYPE %s)\n", openblas_get_corename(), ct ? ct : "unset");
     print_plan_line(f, &t->plan, t->ledger.rss_baseline, t->cfg.budget);
@@ -198,6 +202,16 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
     fprintf(f, "model %s: %lld params (L%d C%d H%d, block %d, vocab %d), batch %d x seq %d, fp32, optimizer %s, recompute %s\n",
             cfg->model, (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T,
             optim_desc(m, od, sizeof od), recompute_desc(cfg, m, rc, sizeof rc));
+    if (m->opt.world > 1) {
+        /* ZeRO paper section 5.1: the model states each rank keeps */
+        size_t ms[MF_CAT_COUNT];
+        char c3[32];
+        mf_zero_model_states(p, ms);
+        fprintf(f, "data parallel over %d ranks, ZeRO stage %d: bytes are per rank (its batch %d of %d); model states "
+                   "per rank %s (params %s, grads %s, optimizer %s)\n", m->opt.world, m->opt.zero, m->B, cfg->batch,
+                sz(ms[MF_CAT_PARAMS] + ms[MF_CAT_GRADS] + ms[MF_CAT_OPTIM], a), sz(ms[MF_CAT_PARAMS], b),
+                sz(ms[MF_CAT_GRADS], rc), sz(ms[MF_CAT_OPTIM], c3));
+    }
     fprintf(f, "\n  %-12s %14s %12s   %s\n", "category", "bytes", "", "at the peak (category's own max)");
     size_t tot = 0;
     for (int k = 0; k < NSHOWN; k++) {
@@ -240,6 +254,16 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
     cJSON_AddNumberToObject(o, "batch", m->B);
     cJSON_AddNumberToObject(o, "seq", m->T);
     cJSON_AddStringToObject(o, "recompute", cfg->recompute);
+    cJSON_AddNumberToObject(o, "world_size", m->opt.world > 1 ? m->opt.world : 1);
+    cJSON_AddNumberToObject(o, "zero", cfg->zero);
+    {
+        size_t ms[MF_CAT_COUNT];
+        mf_zero_model_states(p, ms);
+        cJSON *st = cJSON_AddObjectToObject(o, "model_states");
+        cJSON_AddNumberToObject(st, "params", (double)ms[MF_CAT_PARAMS]);
+        cJSON_AddNumberToObject(st, "grads", (double)ms[MF_CAT_GRADS]);
+        cJSON_AddNumberToObject(st, "optim", (double)ms[MF_CAT_OPTIM]);
+    }
     if (m->recompute.policy == MF_RECOMPUTE_AUTO) cJSON_AddNumberToObject(o, "recompute_blocks", m->auto_k);
     cJSON *bytes = cJSON_AddObjectToObject(o, "bytes");
     for (int i = 0; i < MF_CAT_COUNT; i++) cJSON_AddNumberToObject(bytes, mf_cat_name((mf_cat)i), (double)p->peak_cat[i]);

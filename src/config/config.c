@@ -36,7 +36,7 @@ static const key_row keys[] = {
     {"block_size", T_INT, F(block_size), 0, "0", 0, 1 << 20, "maximum sequence length, rows of wpe (0 = preset's)"},
     {"vocab_size", T_INT, F(vocab_size), 0, "0", 0, 1 << 24, "vocabulary (0 = the tokenizer's)"},
     {"tokenizer", T_STR, S(tokenizer), "", 0, 0, "gpt2 or bytes (empty = preset's)"},
-    {"batch", T_INT, F(batch), 0, "8", 1, 1 << 20, "micro-batch size B (sequences per forward/backward)"},
+    {"batch", T_INT, F(batch), 0, "8", 1, 1 << 20, "micro-batch size B (sequences per forward/backward; under mpirun the global micro-batch, split evenly over the ranks)"},
     {"seq", T_INT, F(seq), 0, "0", 0, 1 << 20, "sequence length T (0 = block_size)"},
     {"grad_accum", T_INT, F(grad_accum), 0, "1", 1, 1 << 20, "micro-batches per optimizer step (effective batch = batch x grad_accum)"},
     {"steps", T_INT, F(steps), 0, "300", 0, 1 << 30, "optimizer steps to train"},
@@ -84,6 +84,9 @@ static const key_row keys[] = {
     {"blas_coretype", T_STR, S(blas_coretype), "auto", 0, 0, "OpenBLAS kernels: auto (fastest for this CPU), env (keep OPENBLAS_CORETYPE), or a core name"},
     {"recompute", T_STR, S(recompute), "none", 0, 0, "activation checkpointing: none (keep all), selective (rebuild LayerNorm/GELU outputs in backward), full (keep each block's input, recompute the block in backward), every:N (keep every N-th block's input, recompute segments of N), sqrt (segments of ceil(sqrt(n_layer))), auto (recompute the fewest blocks that fit --budget)"},
     {"loss_chunk", T_INT, F(loss_chunk), 0, "256", 0, 1 << 30, "rows of logits the loss computes at a time; B*T*vocab logits never exist (0 = all rows at once)"},
+    {"zero", T_INT, F(zero), 0, "0", 0, 3, "data parallel under mpirun: 0 = gradients all-reduced, 1 = optimizer state sharded over the ranks, 2 = gradients sharded too, 3 = parameters sharded too (each layer's gathered for its phases)"},
+    {"world_size", T_INT, F(world_size), 0, "1", 1, 1 << 20, "ranks to plan for (memfit estimate; memfit train under mpirun takes the launcher's)"},
+    {"dist_timeout", T_FLOAT, F(dist_timeout), 0, "300", 0, 1e9, "data parallel: seconds a collective waits for another rank before the job stops with a message (0 = forever)"},
     {"log_every", T_INT, F(log_every), 0, "1", 1, 1 << 30, "print a log line every N steps"},
     {"progress", T_INT, F(progress), 0, "-1", -1, 1, "progress bar: -1 when stdout is a terminal, 0 off, 1 on"},
 };

@@ -12,6 +12,7 @@
  * Forward-only plans (sampling, evaluation) have phases 0 .. L+1 and keep a
  * layer's activations only while that layer runs. */
 #include "memfit/model.h"
+#include "memfit/dist.h"
 #include "memfit/kernels.h"
 
 #include <math.h>
@@ -125,6 +126,13 @@ static int add(adder *ad, const char *name, mf_cat cat, mf_dtype dt, int ndim,
     return id;
 }
 
+/* Gradients that live only in the phases that build them: consumed by the
+ * update as they complete (update_in_backward), or reduce-scattered into
+ * this rank's shard (ZeRO 2). */
+static int grads_transient(const mf_model *m) {
+    return m->opt.in_backward || (m->opt.zero >= 2 && m->opt.world > 1);
+}
+
 static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int ndim,
                        int64_t d0, int64_t d1, int64_t file_rows, int decay_2d) {
     mf_tensor *t = &m->tensors[m->n_tensors++];
@@ -136,17 +144,40 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
     t->numel = d0 * (ndim > 1 ? d1 : 1);
     t->decay = decay_2d;
     t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, strcmp(name, "wte.weight") == 0};
+    t->lo = 0;
+    t->hi = t->numel;
+    int shard = m->opt.zero >= 1 && m->opt.world > 1;
+    if (shard) {
+        /* ZeRO: the optimizer sees only this rank's slice of the elements */
+        mf_dist_shard(t->numel, m->opt.world, m->opt.rank, &t->lo, &t->hi);
+        t->os = (mf_optim_shape){1, t->hi - t->lo, 1, 0};
+    }
     int last = m->n_phases - 1;
     char nm[64];
-    t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
-    t->g = -1;
+    t->g = t->gs = t->ps = t->pb = -1;
+    if (shard && m->opt.zero >= 3) {
+        /* ZeRO 3: a rank keeps its shard; the whole tensor is gathered
+         * into a row that lives only in the phases that read it */
+        int p0 = 0, p1 = 0, b0 = -1;
+        if (layer >= 0) p0 = p1 = mf_phase_layer_fwd(m, layer), b0 = mf_phase_layer_bwd(m, layer);
+        else if (strcmp(name, "wte.weight") == 0) p1 = mf_phase_head_fwd(m);  /* embedding and classifier */
+        else if (strcmp(name, "ln_f.weight") == 0 || strcmp(name, "ln_f.bias") == 0)
+            p0 = p1 = mf_phase_head_fwd(m), b0 = mf_phase_head_bwd(m);
+        snprintf(nm, sizeof nm, "param_shard.%s", name);
+        t->ps = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, 1, t->hi - t->lo, 0, 0, 0, 0, last, layer);
+        t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, p0, p1, layer);
+        if (b0 >= 0) {
+            snprintf(nm, sizeof nm, "bwd.%s", name);
+            t->pb = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, b0, b0, layer);
+        }
+    } else t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
     for (int i = 0; i < MF_OPTIM_STATES; i++) t->st[i] = -1;
     if (m->mode == MF_MODE_TRAIN) {
         /* with update_in_backward a gradient lives only from the phase
          * that starts it to the phase that completes it (then the update
          * consumes it): one layer's worth plus the tied embedding's */
         int g0 = 0, g1 = last;
-        if (m->opt.in_backward) {
+        if (grads_transient(m)) {
             if (layer >= 0) g0 = g1 = mf_phase_layer_bwd(m, layer);
             else if (strcmp(name, "wte.weight") == 0) g0 = mf_phase_head_fwd(m), g1 = mf_phase_emb_bwd(m);
             else if (strcmp(name, "wpe.weight") == 0) g0 = g1 = mf_phase_emb_bwd(m);
@@ -154,6 +185,10 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
         }
         snprintf(nm, sizeof nm, "grad.%s", name);
         t->g = add(ad, nm, MF_CAT_GRADS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, g0, g1, layer);
+        if (shard && m->opt.zero >= 2) {
+            snprintf(nm, sizeof nm, "grad_shard.%s", name);
+            t->gs = add(ad, nm, MF_CAT_GRADS, MF_DTYPE_F32, 1, t->hi - t->lo, 0, 0, 0, 0, last, layer);
+        }
         if (!ad->err && mf_optim_plan(&m->opt, ad->plan, name, &t->os, 0, last, layer, t->st))
             ad->err = 1;
     }
@@ -187,6 +222,7 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     memset(m, 0, sizeof *m);
     if (mode == MF_MODE_TRAIN && !opt) return mf_fail("a training plan needs an optimizer");
     if (opt) m->opt = *opt;
+    m->comm = -1;
     if (B < 1 || T < 1) return mf_fail("batch and seq must be >= 1 (got %d, %d)", B, T);
     if (T > d->maxT) return mf_fail("seq %d exceeds the model's block_size %d", T, d->maxT);
     m->d = *d;
@@ -388,17 +424,23 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
     float proj_std = 0.02f / sqrtf(2.0f * (float)m->d.L);
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *t = &m->tensors[i];
-        float *p = mf_arena_ptr(a, t->p);
+        /* ZeRO 3: the same values, this rank's shard [lo, hi) of them kept */
+        float *p = t->ps >= 0 ? (float *)mf_arena_ptr(a, t->ps) - t->lo : mf_arena_ptr(a, t->p);
+        int64_t lo = t->ps >= 0 ? t->lo : 0, hi = t->ps >= 0 ? t->hi : t->numel;
         const char *nm = t->name;
         int is_ln_w = strstr(nm, "ln_") && strstr(nm, ".weight");
-        if (is_ln_w) for (int64_t k = 0; k < t->numel; k++) p[k] = 1.0f;
-        else if (t->ndim == 1) memset(p, 0, (size_t)t->numel * sizeof *p);
+        if (is_ln_w) for (int64_t k = lo; k < hi; k++) p[k] = 1.0f;
+        else if (t->ndim == 1) for (int64_t k = lo; k < hi; k++) p[k] = 0.0f;
         else {
             float std = strstr(nm, "c_proj.weight") ? proj_std : 0.02f;
-            for (int64_t k = 0; k < t->numel; k++) p[k] = std * mf_rng_normal(&rng);
+            for (int64_t k = 0; k < t->numel; k++) {
+                float v = std * mf_rng_normal(&rng);
+                if (k >= lo && k < hi) p[k] = v;
+            }
         }
         if (strcmp(nm, "wte.weight") == 0) /* padding rows stay zero */
-            memset(p + t->rows_file * t->shape[1], 0, (size_t)((t->shape[0] - t->rows_file) * t->shape[1]) * sizeof *p);
+            for (int64_t k = t->rows_file * t->shape[1]; k < t->numel; k++)
+                if (k >= lo && k < hi) p[k] = 0.0f;
         if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * sizeof(float));
         if (m->mode == MF_MODE_TRAIN && !m->opt.offload_path[0]) mf_model_zero_state(m, a, t);  /* disk: the trainer */
     }
@@ -410,24 +452,38 @@ static void zero_g(mf_model *m, mf_arena *a, int first, int n) {
 }
 
 void mf_model_zero_grads(mf_model *m, mf_arena *a) {
-    if (!m->opt.in_backward) zero_g(m, a, 0, m->n_tensors);
+    if (!grads_transient(m)) zero_g(m, a, 0, m->n_tensors);
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].gs >= 0) memset(mf_arena_get(a, m->tensors[i].gs), 0, (size_t)(m->tensors[i].hi - m->tensors[i].lo) * sizeof(float));
 }
 
 /* update_in_backward: tensors [first, first+n) start their gradient in
  * this phase (zero it) or finish it (hand it to the optimizer) */
 static void grads_start(mf_model *m, mf_arena *a, int first, int n) {
-    if (m->opt.in_backward) zero_g(m, a, first, n);
+    if (grads_transient(m)) zero_g(m, a, first, n);
 }
 static void grads_done(mf_model *m, int first, int n) {
-    if (m->opt.in_backward && m->grads_ready) m->grads_ready(m->grads_ctx, first, n);
+    if (grads_transient(m) && m->grads_ready) m->grads_ready(m->grads_ctx, first, n);
 }
 
 /* ---- forward --------------------------------------------------------- */
 
-#define P(l, k) ((float *)mf_arena_get(a, m->tensors[2 + (l) * MF_LAYER_TENSORS + (k)].p))
+#define P(l, k) tensor_p(m, a, 2 + (l) * MF_LAYER_TENSORS + (k))
 #define G(l, k) ((float *)mf_arena_get(a, m->tensors[2 + (l) * MF_LAYER_TENSORS + (k)].g))
 #define BUF(id) ((float *)mf_arena_get(a, (id)))
 enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB };
+
+/* Tensor i's parameters; under ZeRO 3 the row gathered for this phase
+ * (backward has its own). */
+static float *tensor_p(mf_model *m, mf_arena *a, int i) {
+    const mf_tensor *x = &m->tensors[i];
+    return mf_arena_get(a, x->pb >= 0 && a->phase >= mf_phase_head_bwd(m) ? x->pb : x->p);
+}
+
+/* ZeRO 3: gathers tensors [first, first+n) for the phase that starts */
+static void params_need(mf_model *m, mf_arena *a, int first, int n) {
+    if (m->tensors[first].ps >= 0 && !m->comm_err && mf_zero_params_needed(m, a, first, n)) m->comm_err = 1;
+}
 
 /* The GELU output backward reads: its row, or work.dmlp when it is rebuilt
  * right before the layer's backward (see the plan). */
@@ -443,7 +499,10 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
     int C = m->d.C, NH = m->d.NH, N = B * T;
     const mf_layer_acts *A = recompute ? &m->racts[l] : &m->acts[l];
     const int *res = recompute ? m->rres : m->res;
-    if (!recompute) mf_arena_phase(a, mf_phase_layer_fwd(m, l));
+    if (!recompute) {
+        mf_arena_phase(a, mf_phase_layer_fwd(m, l));
+        params_need(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
+    }
     float *x = BUF(res[l]);
     float *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *lse = BUF(A->lse), *atty = BUF(A->atty);
     float *ln2 = BUF(A->ln2), *fch = BUF(A->fch), *fchg = gelu_out(m, a, A);
@@ -467,7 +526,6 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
     mf_matmul_forward(out, fchg, P(l, FCPW), P(l, FCPB), N, 4 * C, C, 1);
 }
 
-static float *tensor_p(mf_model *m, mf_arena *a, int i) { return mf_arena_get(a, m->tensors[i].p); }
 static float *tensor_g(mf_model *m, mf_arena *a, int i) { return mf_arena_get(a, m->tensors[i].g); }
 #define WTE 0
 #define WPE 1
@@ -478,10 +536,12 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     if (B > m->B || T > m->T) mf_panic("forward on %dx%d exceeds the planned %dx%d", B, T, m->B, m->T);
     int C = m->d.C, N = B * T, L = m->d.L;
     mf_arena_phase(a, mf_phase_emb_fwd(m));
+    params_need(m, a, WTE, 2);
     const int32_t *inp = mf_arena_get(a, m->inputs);
     mf_encoder_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), tensor_p(m, a, WPE), B, T, C);
     for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T, 0, 1);
     mf_arena_phase(a, mf_phase_head_fwd(m));
+    params_need(m, a, LNF_W, 2);
     float *lnf = BUF(m->lnf), *logits = BUF(m->logits);
     mf_layernorm_forward(lnf, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
                          tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
@@ -516,6 +576,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     if (m->mode != MF_MODE_TRAIN) mf_panic("backward on a forward-only plan");
     int C = m->d.C, NH = m->d.NH, N = B * T, L = m->d.L;
     mf_arena_phase(a, mf_phase_head_bwd(m));
+    params_need(m, a, LNF_W, 2);
     /* the classifier's backward ran with the loss; dln holds d(ln_f output) */
     float *dln = BUF(m->dln), *dres = BUF(m->dres);
     memset(dres, 0, (size_t)N * C * sizeof(float));
@@ -525,6 +586,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     grads_done(m, LNF_W, 2);
     for (int l = L - 1; l >= 0; l--) {
         mf_arena_phase(a, mf_phase_layer_bwd(m, l));
+        params_need(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
         grads_start(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
         int sg = m->seg, s0 = sg ? l / sg * sg : 0;
         if (sg && l == (s0 + sg - 1 < L - 1 ? s0 + sg - 1 : L - 1)) {

@@ -51,6 +51,7 @@ int mf_trainer_choose(mf_trainer *t, int search) {
 int mf_trainer_hint(mf_trainer *t, size_t budget) {
     char msg[1024], cl[512] = "", a[32], d[256];
     snprintf(msg, sizeof msg, "%s", mf_error());
+    if (t->world > 1) return -1;  /* the planner's settings are single-process ones */
     size_t len = 0;
     for (int i = 0; !budget && i < MF_CAT_COUNT; i++) {
         if (!t->plan.peak_cat[i]) continue;

@@ -6,7 +6,16 @@
  * ("adam.m.<name>", "adam8.m_absmax.<name>", "adafactor.row.<name>", ...,
  * whole rows in their plan dtype and shape) and metadata (format, dims,
  * optimizer, step, data position, RNG state, config), written atomically,
- * so a crash mid-write leaves the previous checkpoint intact. */
+ * so a crash mid-write leaves the previous checkpoint intact.
+ *
+ * Data parallel (dist/): with ZeRO >= 1 each rank writes its own file,
+ * PATH with ".rank<r>-of-<N>" before ".safetensors", holding its shards of
+ * the optimizer state (and under ZeRO 3 its parameter shards,
+ * "param_shard.<name>") and resumes from it on the same number of ranks;
+ * `memfit convert` joins them into one single-process checkpoint. Without
+ * sharding, rank 0 writes the one file. Weights are always one file, from
+ * rank 0 (ZeRO 3 gathers each tensor from the ranks as it is written). */
+#include "memfit/dist.h"
 #include "memfit/io.h"
 #include "memfit/train.h"
 
@@ -18,17 +27,53 @@
 
 #define CKPT_FORMAT "memfit-checkpoint-2"
 
+/* ZeRO >= 1 on more than one rank: one checkpoint file per rank */
+static int sharded(const mf_trainer *t) { return t->world > 1 && t->model.opt.zero >= 1; }
+static int zero3(const mf_trainer *t) { return t->world > 1 && t->model.opt.zero >= 3; }
+
+void mf_trainer_shard_path(const char *path, int rank, int world, char *out, size_t n) {
+    size_t len = strlen(path), ext = strlen(".safetensors");
+    int has = len > ext && strcmp(path + len - ext, ".safetensors") == 0;
+    snprintf(out, n, "%.*s.rank%d-of-%d%s", (int)(has ? len - ext : len), path, rank, world, has ? ".safetensors" : "");
+}
+
+/* ZeRO 3: gathers tensor i from the ranks' shards into its forward row
+ * (outside the step every non-persistent row is free) */
+static int gather_tensor(mf_trainer *t, int i) {
+    mf_tensor *x = &t->model.tensors[i];
+    float *full = mf_arena_ptr(&t->arena, x->p);
+    memcpy(full + x->lo, mf_arena_ptr(&t->arena, x->ps), (size_t)(x->hi - x->lo) * sizeof(float));
+    return mf_dist_allgather(full, x->numel);
+}
+typedef struct { mf_trainer *t; int tensor; } param_reader;
+static int read_param(void *ctx, uint64_t off, void *buf, size_t len) {
+    param_reader *r = ctx;
+    if (off == 0 && gather_tensor(r->t, r->tensor)) return -1;  /* pieces come in order */
+    memcpy(buf, (const char *)mf_arena_ptr(&r->t->arena, r->t->model.tensors[r->tensor].p) + off, len);
+    return 0;
+}
+
 typedef struct { mf_trainer *t; int tensor, id; } row_reader;
 static int read_row(void *ctx, uint64_t off, void *buf, size_t len) {
     row_reader *r = ctx;
     return mf_offstate_row_io(r->t, r->tensor, r->id, off, buf, len, 0);
 }
 
-static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, char (*names)[64], int with_optim) {
+static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, param_reader *pr, char (*names)[64],
+                       int with_optim) {
     const mf_model *m = &t->model;
     int n = 0;
     for (int i = 0; i < m->n_tensors; i++) {
         const mf_tensor *x = &m->tensors[i];
+        if (zero3(t) && with_optim) {
+            /* this rank's parameter shard, under its plan name */
+            const mf_buf *b = &t->plan.bufs[x->ps];
+            snprintf(names[n], 64, "%s", b->name);
+            e[n] = (mf_st_entry){.name = names[n], .dtype = MF_DTYPE_F32, .ndim = 1, .shape = {b->numel},
+                                 .data = mf_arena_ptr(&t->arena, x->ps), .nbytes = (size_t)b->numel * sizeof(float)};
+            n++;
+            continue;
+        }
         snprintf(names[n], 64, "%s", x->name);
         e[n].name = names[n];
         e[n].dtype = MF_DTYPE_F32;
@@ -37,6 +82,12 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, char
         e[n].shape[1] = x->shape[1];
         e[n].data = mf_arena_ptr(&t->arena, x->p);
         e[n].nbytes = (size_t)(x->rows_file * (x->ndim > 1 ? x->shape[1] : 1)) * sizeof(float);
+        if (zero3(t)) {  /* weights: gathered tensor by tensor as the writer reaches them */
+            pr[i] = (param_reader){(mf_trainer *)t, i};
+            e[n].data = NULL;
+            e[n].read = read_param;
+            e[n].read_ctx = &pr[i];
+        }
         n++;
     }
     for (int i = 0; with_optim && i < m->n_tensors; i++) {
@@ -62,27 +113,42 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, char
     return n;
 }
 
-static int save(const mf_trainer *t, const char *path, int with_optim) {
+static int save(const mf_trainer *t, const char *path_in, int with_optim) {
+    char path[MF_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s", path_in);
+    if (t->world > 1 && with_optim && sharded(t)) mf_trainer_shard_path(path_in, t->rank, t->world, path, sizeof path);
+    else if (t->world > 1 && t->rank > 0) {
+        /* one file from rank 0; under ZeRO 3 the others still send their shards */
+        for (int i = 0; zero3(t) && i < t->model.n_tensors; i++)
+            if (gather_tensor((mf_trainer *)t, i)) return -1;
+        return 0;
+    }
     int nt = t->model.n_tensors * (with_optim ? 1 + MF_OPTIM_STATES : 1);
     mf_st_entry *e = calloc((size_t)nt, sizeof *e);
     char (*names)[64] = calloc((size_t)nt, sizeof *names);
     row_reader *rd = calloc((size_t)nt, sizeof *rd);
+    param_reader *pr = calloc((size_t)t->model.n_tensors, sizeof *pr);
     char *cfg = malloc(1 << 16);
-    if (!e || !names || !cfg || !rd) {
-        free(e); free(names); free(cfg); free(rd);
+    if (!e || !names || !cfg || !rd || !pr) {
+        free(e); free(names); free(cfg); free(rd); free(pr);
         return mf_fail("out of memory writing %s", path);
     }
-    int n = add_entries(t, e, rd, names, with_optim);
-    char dims[128], step[32], pos[32], rng[32];
+    int n = add_entries(t, e, rd, pr, names, with_optim);
+    char dims[128], step[32], pos[32], rng[32], world[16], rank[16], zero[16];
+    snprintf(world, sizeof world, "%d", sharded(t) ? t->world : 1);
+    snprintf(rank, sizeof rank, "%d", sharded(t) ? t->rank : 0);
+    snprintf(zero, sizeof zero, "%d", sharded(t) ? t->model.opt.zero : 0);
     snprintf(dims, sizeof dims, "%d,%d,%d,%d,%d", t->d.L, t->d.C, t->d.NH, t->d.maxT, t->d.V);
     snprintf(step, sizeof step, "%d", t->step);
     snprintf(pos, sizeof pos, "%" PRIu64, t->data_pos);
     snprintf(rng, sizeof rng, "%" PRIu64, t->rng.s);
     int rc = mf_config_to_yaml(&t->cfg, cfg, 1 << 16);
-    const char *keys[] = {"format", "dims", "tokenizer", "step", "data_pos", "rng", "optimizer", "config"};
+    const char *keys[] = {"format", "dims", "tokenizer", "step", "data_pos", "rng", "optimizer", "config",
+                          "world_size", "rank", "zero"};
     const char *vals[] = {with_optim ? CKPT_FORMAT : "memfit-weights-1", dims, t->d.tokenizer, step, pos, rng,
-                          mf_optim_name(t->model.opt.kind), cfg};
-    if (rc == 0) rc = mf_st_write(path, e, n, keys, vals, with_optim ? 8 : 3);
+                          mf_optim_name(t->model.opt.kind), cfg, world, rank, zero};
+    if (rc == 0) rc = mf_st_write(path, e, n, keys, vals, with_optim ? 11 : 3);
+    free(pr);
     free(e);
     free(names);
     free(cfg);
@@ -205,8 +271,14 @@ int mf_trainer_load_weights(mf_trainer *t, const char *path) {
     mf_st_file f;
     if (mf_st_open(&f, path)) return -1;
     int rc = 0;
-    for (int i = 0; i < t->model.n_tensors && !rc; i++)
-        rc = load_tensor(t, &f, path, "", &t->model.tensors[i], t->model.tensors[i].p);
+    for (int i = 0; i < t->model.n_tensors && !rc; i++) {
+        const mf_tensor *x = &t->model.tensors[i];
+        rc = load_tensor(t, &f, path, "", x, x->p);
+        /* ZeRO 3: keep this rank's shard (the full row is free outside the step) */
+        if (!rc && x->ps >= 0)
+            memcpy(mf_arena_ptr(&t->arena, x->ps), (float *)mf_arena_ptr(&t->arena, x->p) + x->lo,
+                   (size_t)(x->hi - x->lo) * sizeof(float));
+    }
     for (int i = 0; i < f.n && !rc; i++) {
         const char *nm = f.tensors[i].name;
         if (strncmp(nm, "transformer.", 12) == 0) nm += 12;
@@ -218,10 +290,27 @@ int mf_trainer_load_weights(mf_trainer *t, const char *path) {
     return rc;
 }
 
-int mf_trainer_load_checkpoint(mf_trainer *t, const char *path) {
+int mf_trainer_load_checkpoint(mf_trainer *t, const char *path_in) {
+    char path[MF_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s", path_in);
+    if (sharded(t) && t->mode == MF_MODE_TRAIN) {
+        mf_trainer_shard_path(path_in, t->rank, t->world, path, sizeof path);
+        /* a single file where shards were expected: say so below */
+        if (access(path, R_OK) != 0 && access(path_in, R_OK) == 0) snprintf(path, sizeof path, "%s", path_in);
+    }
     mf_st_file f;
     if (mf_st_open(&f, path)) return -1;
     int rc = 0;
+    const char *ws = mf_st_meta(&f, "world_size"), *zs = mf_st_meta(&f, "zero");
+    int fw = ws ? atoi(ws) : 1, fz = zs ? atoi(zs) : 0;
+    int want_w = sharded(t) && t->mode == MF_MODE_TRAIN ? t->world : 1, want_z = want_w > 1 ? t->model.opt.zero : 0;
+    if (fw != want_w || fz != want_z) {
+        mf_st_close(&f);
+        if (fw > 1) return mf_fail("%s is one shard of a checkpoint over %d ranks with zero %d; resume with mpirun -np %d "
+                                   "--zero %d, or join the shards with memfit convert", path, fw, fz, fw, fz);
+        return mf_fail("%s is a single-file checkpoint; this run shards its state over %d ranks (zero %d): resume "
+                       "with zero 0, or without mpirun", path, t->world, t->model.opt.zero);
+    }
     const char *fmt = mf_st_meta(&f, "format"), *dims = mf_st_meta(&f, "dims"), *opt = mf_st_meta(&f, "optimizer");
     const char *step = mf_st_meta(&f, "step"), *pos = mf_st_meta(&f, "data_pos"), *rng = mf_st_meta(&f, "rng");
     char want[128];
@@ -237,7 +326,7 @@ int mf_trainer_load_checkpoint(mf_trainer *t, const char *path) {
         rc = mf_fail("%s holds %s state but the run uses optimizer %s", path, opt, mf_optim_name(m->opt.kind));
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const mf_tensor *x = &m->tensors[i];
-        rc = load_tensor(t, &f, path, "", x, x->p);
+        rc = x->ps >= 0 && train ? load_state_row(t, &f, path, x->ps) : load_tensor(t, &f, path, "", x, x->p);
         for (int k = 0; train && k < MF_OPTIM_STATES && !rc; k++)
             if (x->st[k] >= 0) rc = load_state_row(t, &f, path, x->st[k]);
     }
@@ -253,5 +342,126 @@ int mf_trainer_load_checkpoint(mf_trainer *t, const char *path) {
         }
     }
     mf_st_close(&f);
+    return rc;
+}
+
+/* ---- memfit convert: joining a ZeRO checkpoint's shards ------------------ */
+
+typedef struct { mf_st_file *f; int world; char name[96]; size_t skip; } joined;
+/* bytes [off, off+len) of the rows named j->name concatenated in rank
+ * order (after skipping j->skip bytes: none so far) */
+static int read_joined(void *ctx, uint64_t off, void *buf, size_t len) {
+    joined *j = ctx;
+    uint64_t base = 0;
+    char *out = buf;
+    for (int r = 0; r < j->world && len; r++) {
+        const mf_st_tensor *s = mf_st_find(&j->f[r], j->name);
+        if (!s) return mf_fail("shard %d lacks '%s'", r, j->name);
+        if (off < base + s->nbytes) {
+            size_t from = (size_t)(off - base), take = s->nbytes - from < len ? s->nbytes - from : len;
+            memcpy(out, (const char *)s->data + from, take);
+            out += take;
+            off += take;
+            len -= take;
+        }
+        base += s->nbytes;
+    }
+    return len ? mf_fail("shards of '%s' are shorter than the tensor", j->name) : 0;
+}
+
+int mf_checkpoint_consolidate(const char *path, const char *out_path) {
+    char p0[MF_PATH_MAX + 64];
+    int world = 0;
+    /* find N from rank 0's file: PATH.rank0-of-N.safetensors */
+    for (int n = 2; n <= 4096 && !world; n++) {
+        mf_trainer_shard_path(path, 0, n, p0, sizeof p0);
+        if (access(p0, R_OK) == 0) world = n;
+    }
+    if (!world) return mf_fail("no shard files for %s (expected %s.rank0-of-N.safetensors from a run with zero >= 1)",
+                               path, path);
+    mf_st_file *f = calloc((size_t)world, sizeof *f);
+    if (!f) return mf_fail("out of memory");
+    int rc = 0, opened = 0;
+    for (int r = 0; r < world && !rc; r++) {
+        mf_trainer_shard_path(path, r, world, p0, sizeof p0);
+        if ((rc = mf_st_open(&f[r], p0))) break;
+        opened++;
+        const char *w = mf_st_meta(&f[r], "world_size"), *k = mf_st_meta(&f[r], "rank"), *fmt = mf_st_meta(&f[r], "format");
+        if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || !w || atoi(w) != world || !k || atoi(k) != r)
+            rc = mf_fail("%s is not rank %d of a %d-rank memfit checkpoint", p0, r, world);
+        const char *keys[] = {"dims", "step", "optimizer", "zero"};
+        for (int i = 0; i < 4 && !rc && r > 0; i++) {
+            const char *a = mf_st_meta(&f[0], keys[i]), *b = mf_st_meta(&f[r], keys[i]);
+            if (!a || !b || strcmp(a, b) != 0) rc = mf_fail("%s: '%s' differs from rank 0's (%s vs %s)", p0, keys[i], b ? b : "none", a ? a : "none");
+        }
+    }
+    /* the tensors' shapes come from the model the dims describe */
+    mf_dims d = {0};
+    mf_model m = {0};
+    mf_plan plan = {0};
+    const char *dims = rc ? NULL : mf_st_meta(&f[0], "dims");
+    if (!rc && (!dims || sscanf(dims, "%d,%d,%d,%d,%d", &d.L, &d.C, &d.NH, &d.maxT, &d.V) != 5 || d.L < 1 || d.C < 1 ||
+                d.NH < 1 || d.maxT < 1 || d.V < 2))
+        rc = mf_fail("%s: bad dims metadata", path);
+    if (!rc) {
+        d.Vp = (d.V + 63) / 64 * 64;
+        snprintf(d.tokenizer, sizeof d.tokenizer, "%s", mf_st_meta(&f[0], "tokenizer") ? mf_st_meta(&f[0], "tokenizer") : "gpt2");
+        mf_recompute none = {MF_RECOMPUTE_NONE, 0};
+        if (mf_plan_init(&plan, mf_model_n_phases(&d, MF_MODE_INFER)) ||
+            mf_model_plan(&m, &plan, &d, 1, 1, MF_MODE_INFER, 1, 0, none, NULL))
+            rc = -1;
+    }
+    int cap = f[0].n + 1, n = 0;
+    mf_st_entry *e = calloc((size_t)cap, sizeof *e);
+    joined *j = calloc((size_t)cap, sizeof *j);
+    if (!rc && (!e || !j)) rc = mf_fail("out of memory");
+    for (int i = 0; !rc && i < f[0].n; i++) {
+        const mf_st_tensor *s = &f[0].tensors[i];
+        const char *tn = s->name;
+        int state = is_state_name(tn), pshard = strncmp(tn, "param_shard.", 12) == 0;
+        if (pshard) tn += 12;
+        else if (state) tn = strchr(strchr(tn, '.') + 1, '.') + 1;  /* adam.m.<name>, sgd.momentum.<name> */
+        if (state && strncmp(s->name, "adam8", 5) == 0) { rc = mf_fail("%s: 8-bit state is not sharded", s->name); break; }
+        const mf_tensor *x = NULL;
+        for (int k = 0; k < m.n_tensors; k++) if (strcmp(m.tensors[k].name, tn) == 0) x = &m.tensors[k];
+        if (!x) { rc = mf_fail("%s: unexpected tensor '%s'", path, s->name); break; }
+        if (!state && !pshard) { e[n++] = (mf_st_entry){.name = s->name, .dtype = s->dtype, .ndim = s->ndim,
+                                                        .shape = {s->shape[0], s->shape[1]}, .data = s->data, .nbytes = s->nbytes};
+            continue; }
+        j[n].f = f;
+        j[n].world = world;
+        snprintf(j[n].name, sizeof j[n].name, "%s", s->name);
+        /* parameters in their file shape (wte without padding rows, which
+         * come last); state rows in their planned shape */
+        int64_t rows = pshard ? x->rows_file : x->shape[0];
+        e[n] = (mf_st_entry){.name = pshard ? x->name : s->name, .dtype = MF_DTYPE_F32, .ndim = x->ndim,
+                             .shape = {rows, x->shape[1]}, .read = read_joined, .read_ctx = &j[n],
+                             .nbytes = (size_t)(rows * (x->ndim > 1 ? x->shape[1] : 1)) * sizeof(float)};
+        size_t total = 0;
+        for (int r = 0; r < world; r++) {
+            const mf_st_tensor *sr = mf_st_find(&f[r], s->name);
+            total += sr ? sr->nbytes : 0;
+        }
+        if (total != (size_t)x->numel * sizeof(float)) rc = mf_fail("%s: shards of '%s' hold %zu bytes, the tensor %zu", path,
+                                                                   s->name, total, (size_t)x->numel * sizeof(float));
+        n++;
+    }
+    if (!rc) {
+        /* the metadata of rank 0, now for one process */
+        const char *keys[16], *vals[16];
+        int nm = 0;
+        for (int i = 0; i < f[0].n_meta && nm < 16; i++) {
+            keys[nm] = f[0].meta_keys[i];
+            const char *k = keys[nm];
+            vals[nm++] = strcmp(k, "world_size") == 0 ? "1" : strcmp(k, "rank") == 0 || strcmp(k, "zero") == 0 ? "0" : f[0].meta_vals[i];
+        }
+        rc = mf_st_write(out_path, e, n, keys, vals, nm);
+    }
+    free(e);
+    free(j);
+    mf_model_free(&m);
+    mf_plan_free(&plan);
+    for (int r = 0; r < opened; r++) mf_st_close(&f[r]);
+    free(f);
     return rc;
 }

@@ -1,6 +1,7 @@
 /* The training driver: set-up (data, plan, budget, arena, weights), the
  * step, validation and sampling. */
 #include "memfit/train.h"
+#include "memfit/dist.h"
 #include "memfit/kernels.h"
 #include "memfit/optim.h"
 
@@ -55,11 +56,15 @@ void mf_blas_warmup(const mf_dims *d, int rows) {
 static int plan_once(const mf_config *cfg, mf_mode mode, int nthreads, const mf_dims *d,
                      mf_recompute rc, mf_plan *plan, mf_model *model) {
     int T = cfg->seq ? cfg->seq : d->maxT;
+    /* data parallel: each rank plans its share of the batch (dist/) */
+    int world = mf_dist_active() ? mf_dist_world() : cfg->world_size;
+    if (mf_zero_check(cfg, world)) return -1;
     mf_optim opt;
     if (mode == MF_MODE_TRAIN && mf_optim_init(&opt, cfg)) return -1;
+    if (mode == MF_MODE_TRAIN) opt.zero = cfg->zero, opt.world = world, opt.rank = mf_dist_rank();
     if (mf_plan_init(plan, mf_model_n_phases(d, mode))) return -1;
-    if (mf_model_plan(model, plan, d, cfg->batch, T, mode, nthreads, cfg->loss_chunk, rc,
-                      mode == MF_MODE_TRAIN ? &opt : NULL)) { mf_plan_free(plan); return -1; }
+    if (mf_model_plan(model, plan, d, cfg->batch / world, T, mode, nthreads, cfg->loss_chunk, rc,
+                      mode == MF_MODE_TRAIN ? &opt : NULL) || mf_zero_plan(plan, model)) { mf_plan_free(plan); return -1; }
     mf_plan_layout(plan);
     return 0;
 }
@@ -162,7 +167,7 @@ static int open_data(mf_trainer *t) {
                        data, kinds[t->train_file.kind == MF_TOK_GPT2], t->d.tokenizer);
     if (t->train_file.vocab > (uint32_t)t->d.V)
         return mf_fail("token file %s has vocabulary %u, larger than the model's %d", data, t->train_file.vocab, t->d.V);
-    uint64_t need = (uint64_t)t->B * t->T + 1;
+    uint64_t need = (uint64_t)t->B * t->world * t->T + 1;
     if (t->cfg.val_data[0]) {
         if (mf_tokfile_open(&t->val_file, t->cfg.val_data)) return -1;
         t->own_val_file = 1;
@@ -180,8 +185,8 @@ static int open_data(mf_trainer *t) {
     }
     if (t->train_hi - t->train_lo < need)
         return mf_fail("training data has %llu tokens, fewer than one batch needs (batch %d x seq %d + 1)",
-                       (unsigned long long)(t->train_hi - t->train_lo), t->B, t->T);
-    uint64_t nv = (t->val_hi - t->val_lo) >= 1 ? (t->val_hi - t->val_lo - 1) / ((uint64_t)t->B * t->T) : 0;
+                       (unsigned long long)(t->train_hi - t->train_lo), t->B * t->world, t->T);
+    uint64_t nv = (t->val_hi - t->val_lo) >= 1 ? (t->val_hi - t->val_lo - 1) / ((uint64_t)t->B * t->world * t->T) : 0;
     t->n_val_batches = (int)(nv < (uint64_t)t->cfg.val_batches ? nv : (uint64_t)t->cfg.val_batches);
     return 0;
 }
@@ -200,10 +205,11 @@ static void load_window(mf_trainer *t, const uint16_t *ids, uint64_t start) {
 }
 
 void mf_trainer_load_batch(mf_trainer *t) {
-    uint64_t n = (uint64_t)t->B * t->T;
-    if (t->train_lo + t->data_pos + n + 1 > t->train_hi) t->data_pos = 0;
-    load_window(t, t->train_file.ids, t->train_lo + t->data_pos);
-    t->data_pos += n;
+    /* the global window is world x B sequences; this rank reads its slice */
+    uint64_t n = (uint64_t)t->B * t->T, gn = n * t->world;
+    if (t->train_lo + t->data_pos + gn + 1 > t->train_hi) t->data_pos = 0;
+    load_window(t, t->train_file.ids, t->train_lo + t->data_pos + n * t->rank);
+    t->data_pos += gn;
 }
 
 int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
@@ -212,7 +218,15 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     t->mode = mode;
     t->nthreads = mf_threads_setup(cfg->threads);
     if (mf_model_dims(cfg, &t->d)) return -1;
-    t->B = cfg->batch;
+    if (mf_dist_init()) return -1;
+    mf_dist_set_timeout(cfg->dist_timeout);
+    t->world = mf_dist_world();
+    t->rank = mf_dist_rank();
+    if (mf_config_was_set(cfg, "world_size") && cfg->world_size != t->world)
+        return mf_fail("world_size %d, but this process is one of %d ranks (train takes the ranks from mpirun -np)",
+                       cfg->world_size, t->world);
+    if (mf_zero_check(cfg, t->world)) return -1;
+    t->B = cfg->batch / t->world;
     t->T = cfg->seq ? cfg->seq : t->d.maxT;
     if (t->T > t->d.maxT) return mf_fail("seq %d exceeds the model's block_size %d", t->T, t->d.maxT);
     mf_rng_seed(&t->rng, cfg->seed ^ 0x5EED5A3Dull);
@@ -226,7 +240,9 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
 
     /* the planner's rates are read (or calibrated, once per machine) before
      * the baseline, so the calibration's buffers are not in it */
-    int search = mode == MF_MODE_TRAIN && cfg->budget && strcmp(cfg->plan, "auto") == 0;
+    /* the planner searches single-process settings; under mpirun the
+     * budget is checked per rank against the settings given */
+    int search = mode == MF_MODE_TRAIN && cfg->budget && strcmp(cfg->plan, "auto") == 0 && t->world == 1;
     if (search && mf_planner_rates(&t->rates, t->nthreads, 0, NULL)) goto fail;
     /* everything outside the arena exists now: measure the baseline */
     mf_blas_warmup(&t->d, t->B * t->T);
@@ -286,7 +302,10 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
         mf_tensor *x = &m->tensors[i];
         void *st[MF_OPTIM_STATES];
         for (int k = 0; k < MF_OPTIM_STATES; k++) st[k] = x->st[k] >= 0 ? mf_arena_get(a, x->st[k]) : NULL;
-        mf_optim_update(&m->opt, st, mf_arena_get(a, x->p), mf_arena_get(a, x->g), &x->os, (float)t->lr,
+        /* ZeRO >= 1: this rank's shard (lo, hi) of the tensor; stage 2 keeps the gradient's shard apart */
+        float *p = x->ps >= 0 ? (float *)mf_arena_get(a, x->ps) : (float *)mf_arena_get(a, x->p) + x->lo;
+        const float *g = x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo;
+        mf_optim_update(&m->opt, st, p, g, &x->os, (float)t->lr,
                         x->decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
     }
 }
@@ -302,6 +321,10 @@ static double grad_sumsq(mf_trainer *t, int first, int n) {
  * complete; a non-finite gradient stops further updates and fails the step */
 static void grads_ready(void *ctx, int first, int n) {
     mf_trainer *t = ctx;
+    if (!t->model.opt.in_backward) {  /* ZeRO 2: reduce-scatter as each layer's gradient completes */
+        if (!t->uib_bad && mf_zero_grads_ready(&t->model, &t->arena, first, n)) t->uib_bad = 2;
+        return;
+    }
     double ss = grad_sumsq(t, first, n);
     t->uib_sumsq += ss;
     if (!isfinite(ss)) t->uib_bad = 1;
@@ -314,7 +337,7 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
     mf_model *m = &t->model;
     mf_arena *a = &t->arena;
     int accum = t->cfg.grad_accum;
-    float dscale = 1.0f / ((float)t->B * (float)t->T * (float)accum);
+    float dscale = 1.0f / ((float)t->B * (float)t->world * (float)t->T * (float)accum);
     t->lr = mf_lr_at(&t->cfg, t->step);
     t->uib_sumsq = 0;
     t->uib_bad = 0;
@@ -331,7 +354,15 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
     loss /= accum;
     mf_arena_phase(a, mf_phase_optim(m));
     int uib = m->opt.in_backward;
-    double norm = sqrt(uib ? t->uib_sumsq : grad_sumsq(t, 0, m->n_tensors));
+    double sumsq = 0;
+    if (t->world > 1) {
+        /* data parallel: the gradient summed over the ranks (dist/) */
+        if (t->uib_bad == 2 || m->comm_err || mf_zero_sync_grads(m, a) || mf_zero_grad_sumsq(m, a, &sumsq)) return -1;
+        double l = loss / t->world;
+        if (mf_dist_sum_doubles(&l, 1)) return -1;
+        loss = l;
+    } else sumsq = uib ? t->uib_sumsq : grad_sumsq(t, 0, m->n_tensors);
+    double norm = sqrt(sumsq);
     if (!isfinite(loss) || !isfinite(norm))
         return mf_fail("step %d: loss or gradient is not finite (loss %g, grad norm %g); lower lr%s", t->step + 1, loss,
                        norm, uib ? " (update_in_backward: tensors updated before the bad gradient keep their update; "
@@ -344,13 +375,14 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
             if (m->tensors[i].st[0] < 0) update_tensors(t, i, 1, gscale);
         if (mf_offstate_step(t, gscale)) return -1;
     } else if (!uib) update_tensors(t, 0, m->n_tensors, gscale);
+    if (mf_zero_gather_params(m, a)) return -1;
     t->step++;
     if (st) {
         st->loss = loss;
         st->lr = t->lr;
         st->grad_norm = norm;
         st->seconds = mf_time_now() - t0;
-        st->tok_s = (double)t->B * t->T * accum / st->seconds;
+        st->tok_s = (double)t->B * t->world * t->T * accum / st->seconds;
     }
     return 0;
 }
@@ -361,9 +393,11 @@ double mf_trainer_val_loss(mf_trainer *t) {
     size_t n = (size_t)t->B * t->T;
     for (int i = 0; i < t->n_val_batches; i++) {
         mf_arena_step(&t->arena);
-        load_window(t, val_ids(t), t->val_lo + (uint64_t)i * n);
+        load_window(t, val_ids(t), t->val_lo + ((uint64_t)i * t->world + t->rank) * n);
         sum += mf_model_forward(&t->model, &t->arena, t->B, t->T, 1, 0.0f);
     }
+    sum /= t->world;
+    if (mf_dist_sum_doubles(&sum, 1)) return NAN;
     return sum / t->n_val_batches;
 }
 

@@ -1,0 +1,98 @@
+/* memfit dist: data parallelism over Open MPI, and ZeRO sharding (Rajbhandari
+ * et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+ * Parameter Models", arXiv:1910.02054).
+ *
+ * Owns: the MPI session (one per process, started only when a launcher such
+ * as mpirun started the process; otherwise the world is one rank and no MPI
+ * call is made), the split of every tensor into per-rank shards, and the
+ * collectives on float buffers. Promises: collectives are rings of MPI
+ * point-to-point messages whose only scratch is the planned `comm` row
+ * (category comm), so the arena holds every byte they use; every rank ends
+ * a collective with bitwise the same values; results do not depend on the
+ * number of ranks beyond float summation order. A failed MPI call returns -1
+ * with a message; a rank that dies makes the launcher stop the others, and
+ * a collective that waits longer than dist_timeout fails with a message.
+ */
+#ifndef MEMFIT_DIST_H
+#define MEMFIT_DIST_H
+
+#include <stdint.h>
+#include "memfit/config.h"
+#include "memfit/core.h"
+#include "memfit/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+
+/* Starts MPI when a launcher started this process (idempotent). Ranks other
+ * than 0 send stdout to /dev/null (rank 0 logs for the job). */
+int mf_dist_init(void);
+/* 1 when MPI is running (under a launcher). */
+int mf_dist_active(void);
+int mf_dist_world(void);  /* 1 without a launcher */
+int mf_dist_rank(void);   /* 0 without a launcher */
+/* Ends the MPI session with the process's exit status: MPI_Finalize when
+ * rc == 0, else MPI_Abort so the other ranks stop instead of waiting in a
+ * collective. Returns rc. Without MPI it only returns rc. */
+int mf_dist_finish(int rc);
+
+/* Seconds a collective may wait for a peer before it fails (0 = forever;
+ * default 300): the config key dist_timeout. */
+void mf_dist_set_timeout(double seconds);
+
+/* Rank r's shard of n elements: [lo, hi) with lo = n*r/world (floor). */
+void mf_dist_shard(int64_t n, int world, int rank, int64_t *lo, int64_t *hi);
+/* Ring reduce-scatter of x[n] summed over the ranks, in place: on return
+ * this rank's shard of x holds the sum; the rest of x is garbage. scratch
+ * holds scratch_n floats (any size >= 1; messages are cut to it). */
+int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n);
+/* Ring all-gather in place: each rank's shard of x[n] is copied to all. */
+int mf_dist_allgather(float *x, int64_t n);
+/* Sum of x[n] over the ranks on every rank (reduce-scatter + all-gather). */
+int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n);
+/* Sums n doubles over the ranks, in place (small: loss, norms). */
+int mf_dist_sum_doubles(double *x, int n);
+
+/* ---- ZeRO ------------------------------------------------------------- */
+
+/* Refuses settings ZeRO cannot honour on `world` ranks (a batch not
+ * divisible by the ranks, stage 3 with block recompute, an optimizer whose state is not
+ * element-wise under sharding, update_in_backward or offload across ranks). */
+int mf_zero_check(const mf_config *cfg, int world);
+/* The plan rows data parallelism adds to a training plan whose model was
+ * planned with m->opt.zero/world/rank: the ring's scratch (comm.ring),
+ * alive only while collectives run. None on one rank. */
+int mf_zero_plan(mf_plan *plan, const mf_model *m);
+/* Elements of the ring scratch (the comm.ring row). */
+int64_t mf_zero_ring_numel(const mf_model *m);
+
+/* Bytes of the rows that live through the whole step (the model states
+ * the ZeRO paper counts: parameters, gradients, optimizer state), per
+ * category; out has MF_CAT_COUNT entries. */
+void mf_zero_model_states(const mf_plan *p, size_t *out);
+
+/* After the step's last backward, in the optimizer phase: stage 0
+ * all-reduces every gradient, stage 1 reduce-scatters them (each rank's
+ * shard is summed), stage 2 has done so already during backward. */
+int mf_zero_sync_grads(mf_model *m, mf_arena *a);
+/* Stage 2, from the model's grads_ready: tensors [first, first+n) hold
+ * this micro-batch's full gradient; reduce-scatter them and add this rank's
+ * shard into the persistent shard rows. */
+int mf_zero_grads_ready(mf_model *m, mf_arena *a, int first, int n);
+/* Sum of squares of the gradient elements this rank holds after the sync,
+ * summed over the ranks when they hold different shards. */
+int mf_zero_grad_sumsq(mf_model *m, mf_arena *a, double *out);
+/* Stages 1 and 2, after each rank updated its shard: all-gathers the
+ * parameters. */
+int mf_zero_gather_params(mf_model *m, mf_arena *a);
+/* Stage 3, as a phase that reads tensors [first, first+n) starts: gathers
+ * each from the ranks' shards into the row this phase reads (the model
+ * calls it). */
+int mf_zero_params_needed(mf_model *m, mf_arena *a, int first, int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,127 @@
+/* ZeRO stages 0-2 on the model's plan rows (see memfit/dist.h).
+ *
+ * Every tensor is split by elements into one contiguous shard per rank
+ * (mf_dist_shard). Per-rank model-state bytes, for Psi parameters in fp32
+ * with AdamW's two fp32 moments (ZeRO paper section 5.1, with memfit's 4
+ * bytes per parameter and gradient and K = 8 bytes of state):
+ *   stage 0: 4 Psi + 4 Psi + 8 Psi
+ *   stage 1: 4 Psi + 4 Psi + 8 Psi / N
+ *   stage 2: 4 Psi + (4 + 8) Psi / N   (+ one layer's full gradients in backward)
+ *   stage 3: (4 + 4 + 8) Psi / N       (+ the parameters of the layer that runs)
+ * The state rows are planned on the shard by the model (mf_optim.zero), the
+ * gradient shards too; this file adds the ring's scratch and runs the
+ * collectives at the points the trainer calls it. */
+#include "memfit/dist.h"
+#include "memfit/kernels.h"
+
+#include <string.h>
+
+#define RING_MAX (1 << 20)  /* floats of ring scratch at most (4 MiB): messages are cut to it */
+
+int mf_zero_check(const mf_config *cfg, int world) {
+    if (world <= 1) return 0;
+    if (cfg->zero == 3 && strcmp(cfg->recompute, "none") != 0 && strcmp(cfg->recompute, "selective") != 0)
+        return mf_fail("zero 3 gathers each layer's parameters for its own phases; recompute '%s' rebuilds blocks in "
+                       "other layers' phases: use recompute none or selective with zero 3", cfg->recompute);
+    if (cfg->batch % world)
+        return mf_fail("batch %d does not split evenly over %d ranks (each rank takes batch / ranks sequences)",
+                       cfg->batch, world);
+    if (cfg->update_in_backward)
+        return mf_fail("update_in_backward cannot be combined with data parallelism over %d ranks (the update needs "
+                       "the gradient summed over the ranks)", world);
+    if (cfg->offload[0]) return mf_fail("offload cannot be combined with data parallelism over %d ranks yet", world);
+    if (cfg->zero >= 1 && (strcmp(cfg->optimizer, "adamw8bit") == 0 || strcmp(cfg->optimizer, "adafactor") == 0))
+        return mf_fail("zero %d shards optimizer state by elements; %s state is per block or per row and column, "
+                       "use adamw or sgd, or zero 0", cfg->zero, cfg->optimizer);
+    return 0;
+}
+
+static int sharded(const mf_model *m) { return m->opt.zero >= 1 && m->opt.world > 1; }
+
+int64_t mf_zero_ring_numel(const mf_model *m) {
+    int64_t most = 1;
+    for (int i = 0; i < m->n_tensors; i++) {
+        /* the largest shard any rank receives */
+        int64_t n = m->tensors[i].numel, s = (n + m->opt.world - 1) / m->opt.world;
+        if (s > most) most = s;
+    }
+    return most < RING_MAX ? most : RING_MAX;
+}
+
+int mf_zero_plan(mf_plan *plan, const mf_model *mc) {
+    mf_model *m = (mf_model *)mc;
+    m->comm = -1;
+    if (m->mode != MF_MODE_TRAIN || m->opt.world <= 1) return 0;
+    /* stages 0 and 1 reduce in the optimizer phase, stage 2 from the head's
+     * backward (ln_f's gradient) to the embedding's */
+    int first = m->opt.zero >= 2 ? mf_phase_head_bwd(m) : mf_phase_optim(m);
+    int last = m->opt.zero >= 2 ? mf_phase_emb_bwd(m) : mf_phase_optim(m);
+    int64_t shape[1] = {mf_zero_ring_numel(m)};
+    m->comm = mf_plan_add(plan, "comm.ring", MF_CAT_COMM, MF_DTYPE_F32, 1, shape, first, last, -1);
+    return m->comm < 0 ? -1 : 0;
+}
+
+int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
+    if (m->opt.world <= 1 || m->opt.zero >= 2) return 0;
+    float *ring = mf_arena_get(a, m->comm);
+    int64_t rn = mf_zero_ring_numel(m);
+    for (int i = 0; i < m->n_tensors; i++) {
+        mf_tensor *x = &m->tensors[i];
+        float *g = mf_arena_get(a, x->g);
+        int rc = m->opt.zero == 0 ? mf_dist_allreduce(g, x->numel, ring, rn) : mf_dist_reduce_scatter(g, x->numel, ring, rn);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+int mf_zero_grads_ready(mf_model *m, mf_arena *a, int first, int n) {
+    float *ring = mf_arena_get(a, m->comm);
+    int64_t rn = mf_zero_ring_numel(m);
+    for (int i = first; i < first + n; i++) {
+        mf_tensor *x = &m->tensors[i];
+        float *g = mf_arena_get(a, x->g), *gs = mf_arena_get(a, x->gs);
+        if (mf_dist_reduce_scatter(g, x->numel, ring, rn)) return -1;
+        /* accumulated over micro-batches (zeroed by mf_model_zero_grads) */
+        for (int64_t k = 0; k < x->hi - x->lo; k++) gs[k] += g[x->lo + k];
+    }
+    return 0;
+}
+
+int mf_zero_grad_sumsq(mf_model *m, mf_arena *a, double *out) {
+    double ss = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        mf_tensor *x = &m->tensors[i];
+        const float *g = x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo;
+        ss += mf_sumsq(g, (size_t)(x->hi - x->lo));
+    }
+    /* stage 0: every rank holds the whole summed gradient already */
+    if (sharded(m) && mf_dist_sum_doubles(&ss, 1)) return -1;
+    *out = ss;
+    return 0;
+}
+
+int mf_zero_gather_params(mf_model *m, mf_arena *a) {
+    if (!sharded(m) || m->opt.zero >= 3) return 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (mf_dist_allgather(mf_arena_get(a, m->tensors[i].p), m->tensors[i].numel)) return -1;
+    return 0;
+}
+
+void mf_zero_model_states(const mf_plan *p, size_t *out) {
+    memset(out, 0, MF_CAT_COUNT * sizeof *out);
+    for (int i = 0; i < p->n; i++) {
+        const mf_buf *b = &p->bufs[i];
+        if (!b->disk && b->first == 0 && b->last == p->n_phases - 1) out[b->cat] += b->bytes;
+    }
+}
+
+int mf_zero_params_needed(mf_model *m, mf_arena *a, int first, int n) {
+    for (int i = first; i < first + n; i++) {
+        mf_tensor *x = &m->tensors[i];
+        int row = x->pb >= 0 && a->phase >= mf_phase_head_bwd(m) ? x->pb : x->p;
+        float *full = mf_arena_get(a, row);
+        memcpy(full + x->lo, mf_arena_get(a, x->ps), (size_t)(x->hi - x->lo) * sizeof(float));
+        if (mf_dist_allgather(full, x->numel)) return -1;
+    }
+    return 0;
+}
