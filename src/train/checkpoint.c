@@ -65,6 +65,7 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
     int n = 0;
     for (int i = 0; i < m->n_tensors; i++) {
         const mf_tensor *x = &m->tensors[i];
+        if (x->lora && !with_optim) continue;  /* weights files hold the base; adapters go to --save-adapter */
         if (zero3(t) && with_optim) {
             /* this rank's parameter shard, under its plan name */
             const mf_buf *b = &t->plan.bufs[x->ps];
@@ -273,6 +274,7 @@ int mf_trainer_load_weights(mf_trainer *t, const char *path) {
     int rc = 0;
     for (int i = 0; i < t->model.n_tensors && !rc; i++) {
         const mf_tensor *x = &t->model.tensors[i];
+        if (x->lora) continue;  /* the base only; adapters come from --adapter */
         rc = load_tensor(t, &f, path, "", x, x->p);
         /* ZeRO 3: keep this rank's shard (the full row is free outside the step) */
         if (!rc && x->ps >= 0)

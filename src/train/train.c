@@ -62,9 +62,16 @@ static int plan_once(const mf_config *cfg, mf_mode mode, int nthreads, const mf_
     mf_optim opt;
     if (mode == MF_MODE_TRAIN && mf_optim_init(&opt, cfg)) return -1;
     if (mode == MF_MODE_TRAIN) opt.zero = cfg->zero, opt.world = world, opt.rank = mf_dist_rank();
+    mf_lora_cfg lora;
+    if (mf_lora_parse(cfg->lora, &lora)) return -1;
+    if (!lora.r && (cfg->adapter[0] || cfg->save_adapter[0]))
+        return mf_fail("%s needs --lora (the adapter's rank and targets)", cfg->adapter[0] ? "adapter" : "save_adapter");
+    if (!lora.r && strcmp(cfg->base_dtype, "fp32") != 0)
+        return mf_fail("base_dtype %s needs --lora (only a frozen base can be stored quantised)", cfg->base_dtype);
     if (mf_plan_init(plan, mf_model_n_phases(d, mode))) return -1;
-    if (mf_model_plan(model, plan, d, cfg->batch / world, T, mode, nthreads, cfg->loss_chunk, rc,
-                      mode == MF_MODE_TRAIN ? &opt : NULL) || mf_zero_plan(plan, model)) { mf_plan_free(plan); return -1; }
+    if (mf_model_plan_lora(model, plan, d, cfg->batch / world, T, mode, nthreads, cfg->loss_chunk, rc,
+                           mode == MF_MODE_TRAIN ? &opt : NULL, &lora) || mf_zero_plan(plan, model)) { mf_plan_free(plan); return -1; }
+    model->lora_seed = cfg->seed;
     mf_plan_layout(plan);
     return 0;
 }
@@ -268,6 +275,7 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     mf_model_init_weights(&t->model, &t->arena, cfg->seed);
     if (mode == MF_MODE_TRAIN && t->model.opt.offload_path[0] && (mf_offstate_open(t) || mf_offstate_zero(t))) goto fail;
     if (cfg->init[0] && mf_trainer_load_weights(t, cfg->init)) goto fail;
+    if (cfg->adapter[0] && mf_lora_load_adapter(&t->model, &t->arena, cfg->adapter)) goto fail;
     if (cfg->resume[0] && mf_trainer_load_checkpoint(t, cfg->resume)) goto fail;
     return 0;
 fail:
@@ -300,6 +308,7 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
     const mf_config *c = &t->cfg;
     for (int i = first; i < first + n; i++) {
         mf_tensor *x = &m->tensors[i];
+        if (x->frozen) continue;  /* LoRA's base */
         void *st[MF_OPTIM_STATES];
         for (int k = 0; k < MF_OPTIM_STATES; k++) st[k] = x->st[k] >= 0 ? mf_arena_get(a, x->st[k]) : NULL;
         /* ZeRO >= 1: this rank's shard (lo, hi) of the tensor; stage 2 keeps the gradient's shard apart */
@@ -313,7 +322,7 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
 static double grad_sumsq(mf_trainer *t, int first, int n) {
     double ss = 0;
     for (int i = first; i < first + n; i++)
-        ss += mf_sumsq(mf_arena_get(&t->arena, t->model.tensors[i].g), (size_t)t->model.tensors[i].numel);
+        if (!t->model.tensors[i].frozen) ss += mf_sumsq(mf_arena_get(&t->arena, t->model.tensors[i].g), (size_t)t->model.tensors[i].numel);
     return ss;
 }
 
@@ -347,6 +356,7 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
     for (int k = 0; k < accum; k++) {
         mf_arena_step(a);
         if (k == 0) mf_model_zero_grads(m, a);
+        m->lora_micro = (uint64_t)t->step * (uint64_t)accum + (uint64_t)k;  /* LoRA dropout's mask */
         mf_trainer_load_batch(t);
         loss += mf_model_forward(m, a, t->B, t->T, 1, dscale);
         mf_model_backward(m, a, t->B, t->T);
@@ -372,7 +382,7 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
         /* tensors without state (sgd, no momentum) update in place; the
          * rest stream their state through the windows */
         for (int i = 0; i < m->n_tensors; i++)
-            if (m->tensors[i].st[0] < 0) update_tensors(t, i, 1, gscale);
+            if (m->tensors[i].st[0] < 0 && !m->tensors[i].frozen) update_tensors(t, i, 1, gscale);
         if (mf_offstate_step(t, gscale)) return -1;
     } else if (!uib) update_tensors(t, 0, m->n_tensors, gscale);
     if (mf_zero_gather_params(m, a)) return -1;
