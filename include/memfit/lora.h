@@ -83,6 +83,16 @@ void mf_lora_backward_params(float *du, float *dA, float *dB, float *u, float *x
 void mf_lora_backward_input(float *dx, float *xd, const float *du, const float *A, int N, int in, int r,
                             float p, uint64_t dseed);
 
+/* Reads DIR/adapter_config.json (PEFT's LoraConfig): r, lora_alpha,
+ * lora_dropout, target_modules into out; *fan_in_fan_out (may be NULL)
+ * gets that flag. -1 with a message naming the file and the problem. */
+int mf_lora_read_config(const char *dir, mf_lora_cfg *out, int *fan_in_fan_out);
+/* memfit merge: writes model_path's tensors to out_path with the adapter in
+ * adapter_dir folded in, W (in,out) += (alpha/r) * (B @ A)^T for every
+ * adapted Conv1D weight (unmerge: -=), as PEFT's merge for fan_in_fan_out.
+ * Every adapter tensor must fit a weight; other tensors are copied. */
+int mf_lora_merge_file(const char *model_path, const char *adapter_dir, const char *out_path, int unmerge);
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,6 +57,15 @@ int mf_lora_save_adapter(const mf_model *m, const mf_arena *a, const char *dir, 
 
 int mf_lora_load_adapter(mf_model *m, mf_arena *a, const char *dir) {
     if (m->lora.r <= 0) return mf_fail("adapter %s: this run has no --lora setting to load it into", dir);
+    /* the adapter's own config must agree with this run's (alpha scales the output) */
+    mf_lora_cfg fc;
+    if (mf_lora_read_config(dir, &fc, NULL)) return -1;
+    if (fc.r != m->lora.r || fc.alpha != m->lora.alpha || fc.targets != m->lora.targets) {
+        char t1[128], t2[128];
+        return mf_fail("adapter %s was made with r=%d,alpha=%g,targets=%s but this run has r=%d,alpha=%g,targets=%s "
+                       "(drop --lora to take the adapter's)", dir, fc.r, (double)fc.alpha, mf_lora_targets_str(&fc, t1, sizeof t1),
+                       m->lora.r, (double)m->lora.alpha, mf_lora_targets_str(&m->lora, t2, sizeof t2));
+    }
     char path[MF_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     mf_st_file f;
