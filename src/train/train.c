@@ -152,21 +152,35 @@ int mf_tokenize_file(const mf_tokenizer *tok, const char *text_path, const char 
     return rc;
 }
 
+/* A corpus named instead of a path ("" = moby-dick, or sotu): its text in
+ * the cache (scripts/fetch_data.sh), tokenized once into NAME.<tokenizer>.tok
+ * beside it. Returns NULL (not a name) or the token file's path. */
+static int named_corpus(mf_trainer *t, const char *name, char *path, size_t n) {
+    char cache[MF_PATH_MAX], txt[MF_PATH_MAX + 32];
+    const char *fetch = strcmp(name, "sotu") == 0 ? "scripts/fetch_data.sh --sotu" : "scripts/fetch_data.sh";
+    mf_cache_dir(cache, sizeof cache);
+    snprintf(txt, sizeof txt, "%s/%s.txt", cache, name);
+    snprintf(path, n, "%s/%s.%s.tok", cache, name, t->d.tokenizer);
+    if (file_exists(path)) return 0;
+    if (!file_exists(txt)) return mf_fail("no training data: %s is missing (run %s, or give --data FILE.tok)", txt, fetch);
+    if (!t->tok && !(t->tok = mf_tokenizer_open(t->d.tokenizer, t->cfg.tokenizer_dir))) return -1;
+    return mf_tokenize_file(t->tok, txt, path);
+}
+
+static int is_corpus_name(const char *s) { return !s[0] || strcmp(s, "moby-dick") == 0 || strcmp(s, "sotu") == 0; }
+
 static int open_data(mf_trainer *t) {
-    char cache[MF_PATH_MAX], path[MF_PATH_MAX + 64];
+    char path[MF_PATH_MAX + 64], vpath[MF_PATH_MAX + 64];
     const char *data = t->cfg.data;
-    if (!data[0]) {
-        /* the default corpus, tokenized once into the cache */
-        char txt[MF_PATH_MAX + 32];
-        mf_cache_dir(cache, sizeof cache);
-        snprintf(txt, sizeof txt, "%s/moby-dick.txt", cache);
-        snprintf(path, sizeof path, "%s/moby-dick.%s.tok", cache, t->d.tokenizer);
-        if (!file_exists(path)) {
-            if (!file_exists(txt))
-                return mf_fail("no training data: %s is missing (run scripts/fetch_data.sh, or give --data FILE.tok)", txt);
-            if (mf_tokenize_file(t->tok, txt, path)) return -1;
-        }
+    /* the default corpus (moby-dick) or a named one, tokenized once into the cache;
+     * a file of that name in the working folder wins */
+    if (is_corpus_name(data) && !(data[0] && file_exists(data))) {
+        if (named_corpus(t, data[0] ? data : "moby-dick", path, sizeof path)) return -1;
         data = path;
+    }
+    if (t->cfg.val_data[0] && is_corpus_name(t->cfg.val_data) && !file_exists(t->cfg.val_data)) {
+        if (named_corpus(t, t->cfg.val_data, vpath, sizeof vpath)) return -1;
+        snprintf(t->cfg.val_data, sizeof t->cfg.val_data, "%s", vpath);
     }
     if (mf_tokfile_open(&t->train_file, data)) return -1;
     const char *kinds[] = {"bytes", "gpt2"};
