@@ -118,6 +118,9 @@ typedef struct {
     void *grads_ctx;
     int comm;             /* dist: the ring collectives' scratch row (mf_zero_plan), else -1 */
     int comm_err;         /* ZeRO 3: a parameter gather failed (message in mf_error) */
+    int prefetch;         /* ZeRO 3: gather the next layer's parameters while this one runs
+                           * (its rows live one phase earlier); MEMFIT_ZERO_PREFETCH=0 turns it off */
+    int pf_first;         /* ZeRO 3: first tensor of the gather in flight, else -1 */
 } mf_model;
 
 /* Phases of one micro-step (lifetimes are ranges of these). */

@@ -157,18 +157,23 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
     t->g = t->gs = t->ps = t->pb = -1;
     if (shard && m->opt.zero >= 3) {
         /* ZeRO 3: a rank keeps its shard; the whole tensor is gathered
-         * into a row that lives only in the phases that read it */
-        int p0 = 0, p1 = 0, b0 = -1;
-        if (layer >= 0) p0 = p1 = mf_phase_layer_fwd(m, layer), b0 = mf_phase_layer_bwd(m, layer);
+         * into a row that lives only in the phases that read it. A block's
+         * rows live one phase earlier when prefetching: the phase before
+         * (the block below in forward, above in backward) starts the gather */
+        int p0 = 0, p1 = 0, b0 = -1, b1 = -1;
+        if (layer >= 0) {
+            p1 = mf_phase_layer_fwd(m, layer), b1 = mf_phase_layer_bwd(m, layer);
+            p0 = p1 - (m->prefetch ? 1 : 0), b0 = b1 - (m->prefetch ? 1 : 0);
+        }
         else if (strcmp(name, "wte.weight") == 0) p1 = mf_phase_head_fwd(m);  /* embedding and classifier */
         else if (strcmp(name, "ln_f.weight") == 0 || strcmp(name, "ln_f.bias") == 0)
-            p0 = p1 = mf_phase_head_fwd(m), b0 = mf_phase_head_bwd(m);
+            p0 = p1 = mf_phase_head_fwd(m), b0 = b1 = mf_phase_head_bwd(m);
         snprintf(nm, sizeof nm, "param_shard.%s", name);
         t->ps = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, 1, t->hi - t->lo, 0, 0, 0, 0, last, layer);
         t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, p0, p1, layer);
         if (b0 >= 0) {
             snprintf(nm, sizeof nm, "bwd.%s", name);
-            t->pb = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, b0, b0, layer);
+            t->pb = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, b0, b1, layer);
         }
     } else t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
     for (int i = 0; i < MF_OPTIM_STATES; i++) t->st[i] = -1;
@@ -223,6 +228,9 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     if (mode == MF_MODE_TRAIN && !opt) return mf_fail("a training plan needs an optimizer");
     if (opt) m->opt = *opt;
     m->comm = -1;
+    m->pf_first = -1;
+    const char *pf = getenv("MEMFIT_ZERO_PREFETCH");
+    m->prefetch = !(pf && strcmp(pf, "0") == 0);
     if (B < 1 || T < 1) return mf_fail("batch and seq must be >= 1 (got %d, %d)", B, T);
     if (T > d->maxT) return mf_fail("seq %d exceeds the model's block_size %d", T, d->maxT);
     m->d = *d;
@@ -480,10 +488,24 @@ static float *tensor_p(mf_model *m, mf_arena *a, int i) {
     return mf_arena_get(a, x->pb >= 0 && a->phase >= mf_phase_head_bwd(m) ? x->pb : x->p);
 }
 
-/* ZeRO 3: gathers tensors [first, first+n) for the phase that starts */
+/* ZeRO 3: gathers tensors [first, first+n) for the phase that starts, or
+ * waits for the prefetch that gathers them */
 static void params_need(mf_model *m, mf_arena *a, int first, int n) {
-    if (m->tensors[first].ps >= 0 && !m->comm_err && mf_zero_params_needed(m, a, first, n)) m->comm_err = 1;
+    if (m->tensors[first].ps < 0 || m->comm_err) return;
+    int rc = m->pf_first == first ? mf_dist_gather_wait() : mf_zero_params_needed(m, a, first, n);
+    m->pf_first = -1;
+    if (rc) m->comm_err = 1;
 }
+
+/* ZeRO 3: starts gathering block l's parameters (for the next phase: the
+ * block above in forward, below in backward) while this phase computes */
+static void params_prefetch(mf_model *m, mf_arena *a, int l) {
+    int first = 2 + l * MF_LAYER_TENSORS;
+    if (l < 0 || l >= m->d.L || !m->prefetch || m->tensors[first].ps < 0 || m->comm_err) return;
+    if (mf_zero_params_prefetch(m, a, first, MF_LAYER_TENSORS)) m->comm_err = 1;
+    else m->pf_first = first;
+}
+
 
 /* The GELU output backward reads: its row, or work.dmlp when it is rebuilt
  * right before the layer's backward (see the plan). */
@@ -502,6 +524,7 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
     if (!recompute) {
         mf_arena_phase(a, mf_phase_layer_fwd(m, l));
         params_need(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
+        params_prefetch(m, a, l + 1);
     }
     float *x = BUF(res[l]);
     float *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *lse = BUF(A->lse), *atty = BUF(A->atty);
@@ -537,6 +560,7 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     int C = m->d.C, N = B * T, L = m->d.L;
     mf_arena_phase(a, mf_phase_emb_fwd(m));
     params_need(m, a, WTE, 2);
+    params_prefetch(m, a, 0);
     const int32_t *inp = mf_arena_get(a, m->inputs);
     mf_encoder_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), tensor_p(m, a, WPE), B, T, C);
     for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T, 0, 1);
@@ -577,6 +601,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     int C = m->d.C, NH = m->d.NH, N = B * T, L = m->d.L;
     mf_arena_phase(a, mf_phase_head_bwd(m));
     params_need(m, a, LNF_W, 2);
+    params_prefetch(m, a, L - 1);
     /* the classifier's backward ran with the loss; dln holds d(ln_f output) */
     float *dln = BUF(m->dln), *dres = BUF(m->dres);
     memset(dres, 0, (size_t)N * C * sizeof(float));
@@ -587,6 +612,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     for (int l = L - 1; l >= 0; l--) {
         mf_arena_phase(a, mf_phase_layer_bwd(m, l));
         params_need(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
+        params_prefetch(m, a, l - 1);
         grads_start(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
         int sg = m->seg, s0 = sg ? l / sg * sg : 0;
         if (sg && l == (s0 + sg - 1 < L - 1 ? s0 + sg - 1 : L - 1)) {
