@@ -1,0 +1,324 @@
+/* Frozen-base storage formats and their GEMMs (see memfit/quant.h for the
+ * byte layouts). Pack runs once when the base is loaded; unpack runs inside
+ * every GEMM, a tile of rows at a time, so it is the part written for speed. */
+#include "memfit/quant.h"
+#include "memfit/core.h"
+#include "memfit/half.h"
+#include "memfit/optim.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <string.h>
+
+#define PAR_MIN 32768 /* values below which unpack stays on one thread */
+#define I8B MF_QUANT_INT8_BLOCK
+#define NB MF_QUANT_NF4_BLOCK
+#define NB2 MF_QUANT_NF4_BLOCK2
+#define I8_STRIDE (4 + I8B)              /* bytes of a full int8 block */
+#define NF4_BSTRIDE (1 + NB / 2)         /* bytes of a full NF4 block: qabs + codes */
+#define NF4_GSTRIDE (4 + NB2 * NF4_BSTRIDE) /* bytes of a full group of 256 blocks */
+
+/* NormalFloat4: bitsandbytes csrc/kernels.cu (dDequantizeNF4), the values of
+ * QLoRA appendix E (Dettmers et al. 2023). */
+const float mf_quant_nf4_table[16] = {
+    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+    -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+    0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+    0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+
+/* Tables built once: bitsandbytes' signed dynamic map (the 8-bit code of
+ * the absmax constants), the midpoints between NF4 values, and NF4 value
+ * pairs by code byte: pair[byte] = {NF4[byte >> 4], NF4[byte & 15]}. */
+static float g_dmap[256];
+static uint8_t g_dmap_zero; /* index of 0.0 in g_dmap */
+static float g_mid[15];
+static float g_pair[256][2];
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static void tables_init(void) {
+    mf_q8_map_dynamic(g_dmap, 1);
+    for (int i = 0; i < 256; i++)
+        if (g_dmap[i] == 0.0f) g_dmap_zero = (uint8_t)i;
+    for (int i = 0; i < 15; i++) g_mid[i] = 0.5f * (mf_quant_nf4_table[i] + mf_quant_nf4_table[i + 1]);
+    for (int b = 0; b < 256; b++) {
+        g_pair[b][0] = mf_quant_nf4_table[b >> 4];
+        g_pair[b][1] = mf_quant_nf4_table[b & 15];
+    }
+}
+static void tables(void) { pthread_once(&g_once, tables_init); }
+
+int mf_quant_parse(const char *s, int *kind) {
+    if (!s) return mf_fail("base dtype: missing value (expected fp32, bf16, int8 or nf4)");
+    if (!strcmp(s, "fp32")) *kind = MF_QUANT_F32;
+    else if (!strcmp(s, "bf16")) *kind = MF_QUANT_BF16;
+    else if (!strcmp(s, "int8")) *kind = MF_QUANT_INT8;
+    else if (!strcmp(s, "nf4")) *kind = MF_QUANT_NF4;
+    else return mf_fail("base dtype '%s' unknown (expected fp32, bf16, int8 or nf4)", s);
+    return 0;
+}
+
+const char *mf_quant_name(mf_quant_kind k) {
+    switch (k) {
+    case MF_QUANT_F32: return "fp32";
+    case MF_QUANT_BF16: return "bf16";
+    case MF_QUANT_INT8: return "int8";
+    case MF_QUANT_NF4: return "nf4";
+    }
+    return "?";
+}
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+size_t mf_quant_bytes(mf_quant_kind k, int64_t n) {
+    if (n < 0) mf_panic("mf_quant_bytes: negative count %lld", (long long)n);
+    int64_t nb;
+    switch (k) {
+    case MF_QUANT_F32: return (size_t)n * 4;
+    case MF_QUANT_BF16: return (size_t)n * 2;
+    case MF_QUANT_INT8: return (size_t)(n + 4 * cdiv(n, I8B));
+    case MF_QUANT_NF4:
+        nb = cdiv(n, NB);
+        return (size_t)(4 + 4 * cdiv(nb, NB2) + nb + cdiv(n, 2));
+    }
+    mf_panic("mf_quant_bytes: unknown kind %d", (int)k);
+}
+
+static float ld_f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+static void st_f32(uint8_t *p, float f) { memcpy(p, &f, 4); }
+
+static float block_absmax(const float *x, int64_t len) {
+    float a = 0.0f;
+    for (int64_t i = 0; i < len; i++) {
+        float v = fabsf(x[i]);
+        a = v > a ? v : a;
+    }
+    return a;
+}
+
+/* ---- INT8 ------------------------------------------------------------ */
+
+static void pack_int8(uint8_t *dst, const float *src, int64_t n) {
+    int64_t nb = cdiv(n, I8B);
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i0 = b * I8B, len = n - i0 < I8B ? n - i0 : I8B;
+        uint8_t *blk = dst + b * I8_STRIDE;
+        float amax = block_absmax(src + i0, len);
+        st_f32(blk, amax);
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int64_t i = 0; i < len; i++) {
+            float q = roundf(src[i0 + i] * inv);
+            q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+            blk[4 + i] = (uint8_t)(int8_t)q;
+        }
+    }
+}
+
+static void unpack_int8(float *dst, const uint8_t *src, int64_t lo, int64_t n) {
+    int64_t i = lo, end = lo + n;
+    while (i < end) {
+        int64_t b = i / I8B, e = (b + 1) * I8B < end ? (b + 1) * I8B : end;
+        const uint8_t *blk = src + b * I8_STRIDE;
+        float scale = ld_f32(blk) / 127.0f;
+        const int8_t *q = (const int8_t *)(blk + 4);
+        for (int64_t j = i; j < e; j++) dst[j - lo] = (float)q[j - b * I8B] * scale;
+        i = e;
+    }
+}
+
+/* ---- NF4 with double quantisation ------------------------------------- */
+
+/* Index of the NF4 value nearest to x (|x| <= 1): the number of midpoints
+ * between neighbouring values that x exceeds (ties go to the lower index, as
+ * the comparisons in bitsandbytes' dQuantizeNF4). */
+static uint8_t nf4_code(float x) {
+    int c = 0;
+    for (int i = 0; i < 15; i++) c += x > g_mid[i];
+    return (uint8_t)c;
+}
+
+/* Index of the dynamic-map entry nearest to x (ties to the lower entry). */
+static uint8_t dmap_code(const float *map, float x) {
+    int lo = 0, hi = 255; /* binary search for the last entry <= x */
+    if (x <= map[0]) return 0;
+    if (x >= map[255]) return 255;
+    while (hi - lo > 1) {
+        int m = (lo + hi) / 2;
+        if (map[m] <= x) lo = m;
+        else hi = m;
+    }
+    return x - map[lo] <= map[hi] - x ? (uint8_t)lo : (uint8_t)hi;
+}
+
+static void pack_nf4(uint8_t *dst, const float *src, int64_t n) {
+    tables();
+    const float *map = g_dmap;
+    int64_t nb = cdiv(n, NB), ng = cdiv(nb, NB2);
+    /* the offset: per-group sums (each in double), then their sum in group
+     * order, so the result depends on no thread count. The group's absmax2
+     * slot holds its partial sum until pass 2 overwrites it. */
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+    for (int64_t g = 0; g < ng; g++) {
+        double s = 0.0;
+        for (int64_t b = g * NB2; b < nb && b < (g + 1) * NB2; b++) {
+            int64_t i0 = b * NB, len = n - i0 < NB ? n - i0 : NB;
+            s += block_absmax(src + i0, len);
+        }
+        st_f32(dst + 4 + g * NF4_GSTRIDE, (float)s);
+    }
+    double sum = 0.0;
+    for (int64_t g = 0; g < ng; g++) sum += ld_f32(dst + 4 + g * NF4_GSTRIDE);
+    float offset = nb > 0 ? (float)(sum / (double)nb) : 0.0f;
+    st_f32(dst, offset);
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+    for (int64_t g = 0; g < ng; g++) {
+        float amax[NB2];
+        int64_t b0 = g * NB2, nbg = nb - b0 < NB2 ? nb - b0 : NB2;
+        float amax2 = 0.0f;
+        for (int64_t j = 0; j < nbg; j++) {
+            int64_t i0 = (b0 + j) * NB, len = n - i0 < NB ? n - i0 : NB;
+            amax[j] = block_absmax(src + i0, len);
+            float c = fabsf(amax[j] - offset);
+            amax2 = c > amax2 ? c : amax2;
+        }
+        uint8_t *grp = dst + 4 + g * NF4_GSTRIDE;
+        st_f32(grp, amax2);
+        float inv2 = amax2 > 0.0f ? 1.0f / amax2 : 0.0f;
+        for (int64_t j = 0; j < nbg; j++) {
+            int64_t i0 = (b0 + j) * NB, len = n - i0 < NB ? n - i0 : NB;
+            uint8_t *blk = grp + 4 + j * NF4_BSTRIDE;
+            blk[0] = amax2 > 0.0f ? dmap_code(map, (amax[j] - offset) * inv2) : g_dmap_zero;
+            float inv = amax[j] > 0.0f ? 1.0f / amax[j] : 0.0f;
+            for (int64_t i = 0; i < len; i += 2) {
+                uint8_t hi = nf4_code(src[i0 + i] * inv);
+                uint8_t lo = i + 1 < len ? nf4_code(src[i0 + i + 1] * inv) : 0;
+                blk[1 + i / 2] = (uint8_t)(hi << 4 | lo);
+            }
+        }
+    }
+}
+
+static void unpack_nf4(float *dst, const uint8_t *src, int64_t lo, int64_t n) {
+    tables();
+    const float *map = g_dmap;
+    float offset = ld_f32(src);
+    int64_t i = lo, end = lo + n;
+    while (i < end) {
+        int64_t b = i / NB, g = b / NB2, e = (b + 1) * NB < end ? (b + 1) * NB : end;
+        const uint8_t *grp = src + 4 + g * NF4_GSTRIDE;
+        const uint8_t *blk = grp + 4 + (b - g * NB2) * NF4_BSTRIDE;
+        float a = map[blk[0]] * ld_f32(grp) + offset;
+        const uint8_t *codes = blk + 1;
+        int64_t r = i - b * NB, re = e - b * NB; /* offsets within the block */
+        float *o = dst + (i - lo);               /* o[0] is value b*NB + r */
+        if (r & 1) {
+            *o++ = g_pair[codes[r >> 1]][1] * a;
+            r++;
+        }
+        for (; r + 1 < re; r += 2, o += 2) {
+            const float *p = g_pair[codes[r >> 1]];
+            o[0] = p[0] * a;
+            o[1] = p[1] * a;
+        }
+        if (r < re) *o = g_pair[codes[r >> 1]][0] * a;
+        i = e;
+    }
+}
+
+/* ---- pack / unpack ----------------------------------------------------- */
+
+void mf_quant_pack(mf_quant_kind k, void *dst, const float *src, int64_t n) {
+    if (n < 0) mf_panic("mf_quant_pack: negative count %lld", (long long)n);
+    switch (k) {
+    case MF_QUANT_F32: memcpy(dst, src, (size_t)n * 4); return;
+    case MF_QUANT_BF16: mf_bf16_from_f32((mf_bf16 *)dst, src, (size_t)n); return;
+    case MF_QUANT_INT8: pack_int8((uint8_t *)dst, src, n); return;
+    case MF_QUANT_NF4: pack_nf4((uint8_t *)dst, src, n); return;
+    }
+    mf_panic("mf_quant_pack: unknown kind %d", (int)k);
+}
+
+static void unpack_serial(mf_quant_kind k, float *dst, const void *src, int64_t lo, int64_t n) {
+    switch (k) {
+    case MF_QUANT_F32: memcpy(dst, (const float *)src + lo, (size_t)n * 4); return;
+    case MF_QUANT_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = mf_bf16_to_f32(((const mf_bf16 *)src)[lo + i]);
+        return;
+    case MF_QUANT_INT8: unpack_int8(dst, (const uint8_t *)src, lo, n); return;
+    case MF_QUANT_NF4: unpack_nf4(dst, (const uint8_t *)src, lo, n); return;
+    }
+    mf_panic("mf_quant_unpack: unknown kind %d", (int)k);
+}
+
+void mf_quant_unpack(mf_quant_kind k, float *dst, const void *src, int64_t lo, int64_t n) {
+    if (lo < 0 || n < 0) mf_panic("mf_quant_unpack: bad range lo=%lld n=%lld", (long long)lo, (long long)n);
+    if (n < PAR_MIN || omp_in_parallel()) {
+        unpack_serial(k, dst, src, lo, n);
+        return;
+    }
+#pragma omp parallel
+    {
+        /* chunk edges on multiples of the block size keep each block on one thread */
+        int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+        int64_t a = (n * t / nt) / NB * NB, b = t + 1 == nt ? n : (n * (t + 1) / nt) / NB * NB;
+        if (b > a) unpack_serial(k, dst + a, src, lo + a, b - a);
+    }
+}
+
+/* ---- frozen-base GEMMs ------------------------------------------------- */
+
+static int tile_rows(int K) { return K < MF_QUANT_TILE_ROWS ? K : MF_QUANT_TILE_ROWS; }
+
+size_t mf_quant_matmul_scratch_bytes(mf_quant_kind k, int M, int K, int N) {
+    (void)M;
+    if (k == MF_QUANT_F32 || K <= 0 || N <= 0) return 0;
+    return (size_t)tile_rows(K) * (size_t)N * sizeof(float);
+}
+
+void mf_quant_matmul_forward(float *out, const float *inp, const void *wq, const float *bias, int M, int K, int N,
+                             mf_quant_kind k, void *scratch) {
+    if (M <= 0 || N <= 0) return;
+    if (bias) {
+#pragma omp parallel for schedule(static) if ((int64_t)M * N >= PAR_MIN)
+        for (int m = 0; m < M; m++) memcpy(out + (size_t)m * N, bias, (size_t)N * sizeof(float));
+    } else if (K <= 0) {
+        memset(out, 0, (size_t)M * N * sizeof(float));
+    }
+    if (K <= 0) return;
+    float beta0 = bias ? 1.0f : 0.0f;
+    if (k == MF_QUANT_F32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, inp, K, (const float *)wq, N, beta0,
+                    out, N);
+        return;
+    }
+    float *w = (float *)scratch;
+    int tr = tile_rows(K);
+    for (int k0 = 0; k0 < K; k0 += tr) {
+        int kt = K - k0 < tr ? K - k0 : tr;
+        mf_quant_unpack(k, w, wq, (int64_t)k0 * N, (int64_t)kt * N);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, kt, 1.0f, inp + k0, K, w, N,
+                    k0 == 0 ? beta0 : 1.0f, out, N);
+    }
+}
+
+void mf_quant_matmul_backward_input(float *dinp, const float *dout, const void *wq, int M, int K, int N,
+                                    mf_quant_kind k, void *scratch) {
+    if (M <= 0 || K <= 0 || N <= 0) return;
+    if (k == MF_QUANT_F32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, K, N, 1.0f, dout, N, (const float *)wq, N, 1.0f,
+                    dinp, K);
+        return;
+    }
+    float *w = (float *)scratch;
+    int tr = tile_rows(K);
+    for (int k0 = 0; k0 < K; k0 += tr) {
+        int kt = K - k0 < tr ? K - k0 : tr;
+        mf_quant_unpack(k, w, wq, (int64_t)k0 * N, (int64_t)kt * N);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, kt, N, 1.0f, dout, N, w, N, 1.0f, dinp + k0, K);
+    }
+}
