@@ -11,12 +11,15 @@
  *    the scratch is malloc'ed exactly that size (ASan in the sanitizer build)
  *    and a guard pattern past it stays intact in a second call;
  *  - scratch is a tile of rows, never the whole matrix, once K exceeds the
- *    tile; fp32 needs none. */
+ *    tile; fp32 needs none;
+ *  - all of the above with 1, 2, 3 and 5 OpenMP threads (the scratch is
+ *    split between them). */
 #include "memfit/core.h"
 #include "memfit/quant.h"
 #include "testutil.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -122,5 +125,16 @@ int main(void) {
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int k = 0; k < 4; k++)
             for (int b = 0; b < 2; b++) check_shape(ks[k], shapes[s][0], shapes[s][1], shapes[s][2], b);
+    /* the scratch is split between the threads: other thread counts */
+    int saved = omp_get_max_threads();
+    const int threads[] = {1, 3, 5};
+    for (int t = 0; t < 3; t++) {
+        omp_set_num_threads(threads[t]);
+        printf("OpenMP threads %d:\n", threads[t]);
+        for (size_t s = 2; s < sizeof shapes / sizeof *shapes; s++)
+            for (int k = 1; k < 4; k++) check_shape(ks[k], shapes[s][0], shapes[s][1], shapes[s][2], (int)(s % 2));
+        check_shape(MF_QUANT_NF4, 3, 768, 2304, 1);
+    }
+    omp_set_num_threads(saved);
     return mf_test_done("test_quant_matmul");
 }

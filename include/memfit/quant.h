@@ -93,12 +93,17 @@ void mf_quant_unpack(mf_quant_kind k, float *dst, const void *src, int64_t lo, i
  * layout (K rows = in, N cols = out, row-major):
  *   out(M,N) = inp(M,K) @ W (+ bias when non-NULL)   (overwrites out)
  *   dinp(M,K) += dout(M,N) @ W^T                      (accumulates)
- * No dW (the base is frozen). W is dequantised MF_QUANT_TILE_ROWS rows at a
- * time into scratch (never the whole matrix; OpenMP threads share the
- * dequantisation), then each tile goes through OpenBLAS sgemm. For
+ * No dW (the base is frozen). W is dequantised a tile at a time into scratch
+ * (never the whole matrix) and each tile goes through OpenBLAS sgemm. The
+ * call is one OpenMP region: forward splits out's columns between the
+ * threads (each dequantises MF_QUANT_TILE_ROWS rows of its column strip,
+ * then sgemm), backward splits dinp's columns (W's rows; each thread
+ * dequantises MF_QUANT_TILE_ROWS / threads full rows at a time). Results do
+ * not depend on the thread count beyond fp32 summation order. For
  * MF_QUANT_F32, wq is the plain float matrix and no scratch is used.
- * scratch: at least mf_quant_matmul_scratch_bytes(k, M, K, N) bytes, 4-byte
- * aligned (64 for speed). */
+ * scratch: mf_quant_matmul_scratch_bytes(k, M, K, N) bytes =
+ * min(K, MF_QUANT_TILE_ROWS) * N * 4 (0 for fp32), 4-byte aligned (64 for
+ * speed), for any thread count; the functions touch nothing past it. */
 size_t mf_quant_matmul_scratch_bytes(mf_quant_kind k, int M, int K, int N);
 void mf_quant_matmul_forward(float *out, const float *inp, const void *wq, const float *bias, int M, int K, int N,
                              mf_quant_kind k, void *scratch);

@@ -280,6 +280,19 @@ size_t mf_quant_matmul_scratch_bytes(mf_quant_kind k, int M, int K, int N) {
     return (size_t)tile_rows(K) * (size_t)N * sizeof(float);
 }
 
+/* Both GEMMs run as one OpenMP region in which each thread dequantises its
+ * own part of W and calls sgemm on it (OpenBLAS's OpenMP build runs
+ * single-threaded inside a parallel region), so a call has one fork/join
+ * instead of one per tile, and the threads never wait for each other
+ * between tiles. The scratch (tile_rows(K) x N floats) is split between the
+ * threads: in forward by columns (thread t owns out[:, n0:n1) and a
+ * tile_rows x (n1 - n0) strip of W per step), in backward by rows (thread t
+ * owns dinp[:, k0:k1) and tiles of tile_rows / threads full rows of W). */
+static int gemm_threads(int limit) {
+    int t = omp_in_parallel() ? 1 : omp_get_max_threads();
+    return t > limit ? limit : (t < 1 ? 1 : t);
+}
+
 void mf_quant_matmul_forward(float *out, const float *inp, const void *wq, const float *bias, int M, int K, int N,
                              mf_quant_kind k, void *scratch) {
     if (M <= 0 || N <= 0) return;
@@ -296,13 +309,18 @@ void mf_quant_matmul_forward(float *out, const float *inp, const void *wq, const
                     out, N);
         return;
     }
-    float *w = (float *)scratch;
     int tr = tile_rows(K);
-    for (int k0 = 0; k0 < K; k0 += tr) {
-        int kt = K - k0 < tr ? K - k0 : tr;
-        mf_quant_unpack(k, w, wq, (int64_t)k0 * N, (int64_t)kt * N);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, kt, 1.0f, inp + k0, K, w, N,
-                    k0 == 0 ? beta0 : 1.0f, out, N);
+#pragma omp parallel num_threads(gemm_threads(N))
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int n0 = (int)((int64_t)N * t / nt), n1 = (int)((int64_t)N * (t + 1) / nt), w = n1 - n0;
+        float *s = (float *)scratch + (size_t)tr * n0; /* this thread's tr x w strip */
+        for (int k0 = 0; k0 < K && w > 0; k0 += tr) {
+            int kt = K - k0 < tr ? K - k0 : tr;
+            for (int r = 0; r < kt; r++) unpack_serial(k, s + (size_t)r * w, wq, (int64_t)(k0 + r) * N + n0, w);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, w, kt, 1.0f, inp + k0, K, s, w,
+                        k0 == 0 ? beta0 : 1.0f, out + n0, N);
+        }
     }
 }
 
@@ -314,11 +332,16 @@ void mf_quant_matmul_backward_input(float *dinp, const float *dout, const void *
                     dinp, K);
         return;
     }
-    float *w = (float *)scratch;
     int tr = tile_rows(K);
-    for (int k0 = 0; k0 < K; k0 += tr) {
-        int kt = K - k0 < tr ? K - k0 : tr;
-        mf_quant_unpack(k, w, wq, (int64_t)k0 * N, (int64_t)kt * N);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, kt, N, 1.0f, dout, N, w, N, 1.0f, dinp + k0, K);
+#pragma omp parallel num_threads(gemm_threads(tr))
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads(), h = tr / nt;
+        int ka = (int)((int64_t)K * t / nt), kb = (int)((int64_t)K * (t + 1) / nt);
+        float *s = (float *)scratch + (size_t)t * h * N; /* this thread's h x N tile */
+        for (int k0 = ka; k0 < kb; k0 += h) {
+            int kt = kb - k0 < h ? kb - k0 : h;
+            unpack_serial(k, s, wq, (int64_t)k0 * N, (int64_t)kt * N);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, kt, N, 1.0f, dout, N, s, N, 1.0f, dinp + k0, K);
+        }
     }
 }
