@@ -116,9 +116,9 @@ int main(void) {
     const int shapes[][3] = {
         {11, 768, 2304}, /* gpt2-124m attn.c_attn */
         {7, 3072, 768},  /* gpt2-124m mlp.c_proj */
-        {13, 129, 67},   /* K one past a tile, N odd and not a block multiple */
+        {13, 257, 67},   /* K one past a tile, N odd and not a block multiple */
         {1, 1, 1},
-        {5, 300, 5},     /* 3 tiles, the last short; K*N not a multiple of 64 */
+        {5, 600, 5},     /* 3 tiles, the last short; K*N not a multiple of 64 */
         {3, 65, 1},
         {2, 7, 9},       /* K under one tile */
     };

@@ -70,7 +70,7 @@ typedef enum { MF_QUANT_F32 = 0, MF_QUANT_BF16 = 1, MF_QUANT_INT8, MF_QUANT_NF4 
 #define MF_QUANT_INT8_BLOCK 64   /* values per int8 absmax block */
 #define MF_QUANT_NF4_BLOCK 64    /* values per NF4 absmax block */
 #define MF_QUANT_NF4_BLOCK2 256  /* absmax constants per double-quantisation block */
-#define MF_QUANT_TILE_ROWS 128   /* weight rows dequantised at a time by the GEMMs */
+#define MF_QUANT_TILE_ROWS 256   /* weight rows dequantised at a time by the GEMMs */
 
 /* "fp32" -> 0, "bf16"/"int8"/"nf4" -> kind; -1 + mf_error message otherwise. */
 int mf_quant_parse(const char *s, int *kind);
