@@ -263,10 +263,14 @@ void mf_quant_unpack(mf_quant_kind k, float *dst, const void *src, int64_t lo, i
     }
 #pragma omp parallel
     {
-        /* chunk edges on multiples of the block size keep each block on one thread */
+        /* chunk edges on multiples of the block size (in absolute index)
+         * keep each block on one thread */
         int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-        int64_t a = (n * t / nt) / NB * NB, b = t + 1 == nt ? n : (n * (t + 1) / nt) / NB * NB;
-        if (b > a) unpack_serial(k, dst + a, src, lo + a, b - a);
+        int64_t a = t == 0 ? lo : (lo + n * t / nt) / NB * NB;
+        int64_t b = t + 1 == nt ? lo + n : (lo + n * (t + 1) / nt) / NB * NB;
+        a = a < lo ? lo : a;
+        b = b < lo ? lo : b;
+        if (b > a) unpack_serial(k, dst + (a - lo), src, a, b - a);
     }
 }
 
