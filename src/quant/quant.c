@@ -286,7 +286,8 @@ size_t mf_quant_matmul_scratch_bytes(mf_quant_kind k, int M, int K, int N) {
 
 /* Both GEMMs run as one OpenMP region in which each thread dequantises its
  * own part of W and calls sgemm on it (OpenBLAS's OpenMP build runs
- * single-threaded inside a parallel region), so a call has one fork/join
+ * single-threaded inside a parallel region: num_cpu_avail() in its
+ * common_thread.h returns 1 when omp_in_parallel()), so a call has one fork/join
  * instead of one per tile, and the threads never wait for each other
  * between tiles. The scratch (tile_rows(K) x N floats) is split between the
  * threads: in forward by columns (thread t owns out[:, n0:n1) and a
