@@ -52,7 +52,7 @@ int main(int argc, char **argv) {
            omp_get_max_threads(), MF_QUANT_TILE_ROWS, reps);
     printf("%-12s %-4s %5s %5s %5s | %8s | %16s %16s %16s | %s\n", "shape", "op", "M", "K", "N", "fp32", "bf16",
            "int8", "nf4", "unpack whole W bf16/int8/nf4");
-    double tot[2][NK] = {{0}};
+    double tot[2][NK] = {{0}}, tpack[4][NK];
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int M = shapes[s].M, K = shapes[s].K, N = shapes[s].N;
         float *w = malloc((size_t)K * N * 4), *inp = malloc((size_t)M * K * 4), *dout = malloc((size_t)M * N * 4);
@@ -66,7 +66,10 @@ int main(int argc, char **argv) {
         void *wq[NK], *scr[NK];
         for (int k = 0; k < NK; k++) {
             wq[k] = malloc(mf_quant_bytes(ks[k], (int64_t)K * N));
+            mf_quant_pack(ks[k], wq[k], w, (int64_t)K * N); /* first touch of the pages */
+            double t0 = now();
             mf_quant_pack(ks[k], wq[k], w, (int64_t)K * N);
+            tpack[s][k] = (now() - t0) * 1e3;
             size_t sb = mf_quant_matmul_scratch_bytes(ks[k], M, K, N);
             scr[k] = sb ? malloc(sb) : NULL;
         }
@@ -104,6 +107,10 @@ int main(int argc, char **argv) {
         }
         free(w); free(inp); free(dout); free(out); free(dinp); free(bias); free(wd);
     }
+    printf("pack, once per weight when the base is loaded (ms, one timing): ");
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        printf("%s %.1f / %.1f / %.1f%s", shapes[s].what, tpack[s][1], tpack[s][2], tpack[s][3],
+               s + 1 < sizeof shapes / sizeof *shapes ? "; " : " (bf16 / int8 / nf4)\n");
     for (int op = 0; op < 2; op++)
         printf("all four, %s: fp32 %.2f ms; bf16 %.3fx, int8 %.3fx, nf4 %.3fx\n", op ? "bwd" : "fwd", tot[op][0],
                tot[op][1] / tot[op][0], tot[op][2] / tot[op][0], tot[op][3] / tot[op][0]);
