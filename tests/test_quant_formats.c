@@ -20,6 +20,8 @@
  *  - on torch.randn(1024, 1024)-like data NF4's mean absolute and relative
  *    errors are the ones bitsandbytes' own test suite measures for its NF4
  *    (0.072792, 0.203299), within 1e-3 either way;
+ *  - packing in parts (mf_quant_pack_part, NF4 with its two passes) gives
+ *    the bytes of packing the whole;
  *  - pack and unpack do not depend on the thread count;
  *  - mf_quant_parse accepts fp32/bf16/int8/nf4 and names anything else. */
 #include "memfit/core.h"
@@ -341,6 +343,39 @@ static void test_bitsandbytes_errors(void) {
     free(p);
 }
 
+/* Packing in parts (a base streamed from disk) gives the same bytes as
+ * packing the whole, for parts of 1..3 groups and a short last part. */
+static void test_parts(void) {
+    const int64_t n = 7 * MF_QUANT_PART_ALIGN + 1000 * 64 + 37;
+    float *x = xmalloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) x[i] = 0.02f * mf_rng_normal(&rng) + (i / 5000 % 3 ? 0.0f : 0.01f);
+    const mf_quant_kind ks[] = {MF_QUANT_F32, MF_QUANT_BF16, MF_QUANT_INT8, MF_QUANT_NF4};
+    for (int k = 0; k < 4; k++) {
+        size_t bytes = mf_quant_bytes(ks[k], n);
+        uint8_t *whole = xmalloc(bytes), *parts = xmalloc(bytes);
+        mf_quant_pack(ks[k], whole, x, n);
+        memset(parts, 0x5a, bytes);
+        int64_t cut[16], nc = 0; /* part edges: random multiples of the alignment */
+        for (int64_t lo = 0; lo < n; nc++) {
+            cut[nc] = lo;
+            lo += (int64_t)(1 + mf_rng_u32(&rng) % 3) * MF_QUANT_PART_ALIGN;
+        }
+        cut[nc] = n;
+        mf_quant_nf4_stats st = {0};
+        if (ks[k] == MF_QUANT_NF4)
+            for (int64_t c = 0; c < nc; c++) mf_quant_nf4_stats_add(&st, x + cut[c], cut[c + 1] - cut[c]);
+        float off = mf_quant_nf4_offset(&st);
+        for (int64_t c = nc - 1; c >= 0; c--) /* packing order does not matter once the offset is known */
+            mf_quant_pack_part(ks[k], parts, x + cut[c], cut[c], cut[c + 1] - cut[c], off);
+        CHECK(memcmp(whole, parts, bytes) == 0, "%s: packing in %lld parts differs from packing the whole",
+              mf_quant_name(ks[k]), (long long)nc);
+        if (ks[k] == MF_QUANT_NF4) CHECK(st.values == n && st.blocks == (n + 63) / 64, "nf4 stats count");
+        free(whole);
+        free(parts);
+    }
+    free(x);
+}
+
 static void test_threads(void) {
     const int64_t n = 3 * 256 * 64 * 4 + 77;
     float *x = xmalloc((size_t)n * 4);
@@ -395,6 +430,7 @@ int main(void) {
     test_odd_sizes(dmap);
     test_gaussian(dmap);
     test_bitsandbytes_errors();
+    test_parts();
     test_threads();
     return mf_test_done("test_quant_formats");
 }

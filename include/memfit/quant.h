@@ -33,7 +33,9 @@
  *    (quantize_4bit(quant_type="nf4", blocksize=64, compress_statistics=True)):
  *    blocks of 64 values, each with an absmax; the nb = ceil(n/64) absmax
  *    constants double-quantised in groups of 256 constants (16384 values).
- *      [0, 4)  float offset    mean of all nb absmax (sum in double)
+ *      [0, 4)  float offset    mean of all nb absmax (each group's sum
+ *                              rounded to float, added in group order in
+ *                              double, divided by nb, rounded to float)
  *    then group g (nb2 = ceil(nb/256) of them) at byte 4 + 8452*g:
  *      +0  float absmax2       max |absmax - offset| over the group's blocks
  *    then the group's block j (global block b = 256*g + j) at +4 + 33*j:
@@ -84,6 +86,29 @@ size_t mf_quant_bytes(mf_quant_kind k, int64_t n);
 /* Quantise n floats (flat, memory order; blocks run along it). dst has
  * mf_quant_bytes(k, n) bytes. */
 void mf_quant_pack(mf_quant_kind k, void *dst, const float *src, int64_t n);
+/* Packing in parts, for a base read from disk a chunk at a time so that
+ * its fp32 copy is never resident whole: the parts, taken in order, must
+ * start on multiples of MF_QUANT_PART_ALIGN values (one NF4 group of
+ * constants), all but the last be multiples of it too, and together cover
+ * the tensor; the bytes are then identical to mf_quant_pack of the whole.
+ * NF4 needs the mean of all block absmax first, so it takes two passes:
+ *   mf_quant_nf4_stats st = {0};
+ *   for each part in order: mf_quant_nf4_stats_add(&st, part, len);
+ *   float off = mf_quant_nf4_offset(&st);
+ *   for each part: mf_quant_pack_part(MF_QUANT_NF4, dst, part, lo, len, off);
+ * (other kinds: one pass, nf4_offset ignored). dst is the whole tensor's
+ * packed buffer; src points at value lo. A misaligned part is a bug and
+ * panics. */
+#define MF_QUANT_PART_ALIGN (MF_QUANT_NF4_BLOCK * MF_QUANT_NF4_BLOCK2) /* 16384 values */
+typedef struct {
+    double sum;     /* group absmax sums so far, in group order */
+    int64_t blocks; /* blocks seen */
+    int64_t values; /* values seen: the next part starts here */
+} mf_quant_nf4_stats;
+void mf_quant_nf4_stats_add(mf_quant_nf4_stats *st, const float *src, int64_t n);
+float mf_quant_nf4_offset(const mf_quant_nf4_stats *st);
+void mf_quant_pack_part(mf_quant_kind k, void *dst, const float *src, int64_t lo, int64_t n, float nf4_offset);
+
 /* dst[0..n) = the dequantised values [lo, lo+n) of a tensor packed by
  * mf_quant_pack (lo + n <= the packed count; any lo, n). OpenMP-parallel for
  * large n. */

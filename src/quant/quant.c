@@ -102,12 +102,13 @@ static float block_absmax(const float *x, int64_t len) {
 
 /* ---- INT8 ------------------------------------------------------------ */
 
-static void pack_int8(uint8_t *dst, const float *src, int64_t n) {
-    int64_t nb = cdiv(n, I8B);
+/* Packs values [lo, lo+n) (lo a multiple of the block); src points at value lo. */
+static void pack_int8_part(uint8_t *dst, const float *src, int64_t lo, int64_t n) {
+    int64_t nb = cdiv(n, I8B), bfirst = lo / I8B;
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
     for (int64_t b = 0; b < nb; b++) {
         int64_t i0 = b * I8B, len = n - i0 < I8B ? n - i0 : I8B;
-        uint8_t *blk = dst + b * I8_STRIDE;
+        uint8_t *blk = dst + (bfirst + b) * I8_STRIDE;
         float amax = block_absmax(src + i0, len);
         st_f32(blk, amax);
         float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
@@ -157,25 +158,45 @@ static uint8_t dmap_code(const float *map, float x) {
     return x - map[lo] <= map[hi] - x ? (uint8_t)lo : (uint8_t)hi;
 }
 
-static void pack_nf4(uint8_t *dst, const float *src, int64_t n) {
+/* The offset is the mean of all block absmax: each group's sum (in double,
+ * rounded to float), added in group order in double, divided by the block
+ * count. Fixing that order makes the result independent of the thread count
+ * and of how the tensor is split into parts. */
+#define STATS_BATCH 64 /* groups summed in parallel before their in-order add */
+void mf_quant_nf4_stats_add(mf_quant_nf4_stats *st, const float *src, int64_t n) {
+    if (n < 0 || st->values % MF_QUANT_PART_ALIGN != 0)
+        mf_panic("mf_quant_nf4_stats_add: part at value %lld (must follow parts that are multiples of %d), n=%lld",
+                 (long long)st->values, MF_QUANT_PART_ALIGN, (long long)n);
+    int64_t nb = cdiv(n, NB), ng = cdiv(nb, NB2);
+    for (int64_t g0 = 0; g0 < ng; g0 += STATS_BATCH) {
+        float gs[STATS_BATCH];
+        int64_t gn = ng - g0 < STATS_BATCH ? ng - g0 : STATS_BATCH;
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+        for (int64_t j = 0; j < gn; j++) {
+            int64_t g = g0 + j;
+            double sum = 0.0;
+            for (int64_t b = g * NB2; b < nb && b < (g + 1) * NB2; b++) {
+                int64_t i0 = b * NB, len = n - i0 < NB ? n - i0 : NB;
+                sum += block_absmax(src + i0, len);
+            }
+            gs[j] = (float)sum;
+        }
+        for (int64_t j = 0; j < gn; j++) st->sum += gs[j];
+    }
+    st->blocks += nb;
+    st->values += n;
+}
+
+float mf_quant_nf4_offset(const mf_quant_nf4_stats *st) {
+    return st->blocks > 0 ? (float)(st->sum / (double)st->blocks) : 0.0f;
+}
+
+/* Packs values [lo, lo+n) (lo a multiple of the group size) with the given
+ * offset; src points at value lo. */
+static void pack_nf4_part(uint8_t *dst, const float *src, int64_t lo, int64_t n, float offset) {
     tables();
     const float *map = g_dmap;
-    int64_t nb = cdiv(n, NB), ng = cdiv(nb, NB2);
-    /* the offset: per-group sums (each in double), then their sum in group
-     * order, so the result depends on no thread count. The group's absmax2
-     * slot holds its partial sum until pass 2 overwrites it. */
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (int64_t g = 0; g < ng; g++) {
-        double s = 0.0;
-        for (int64_t b = g * NB2; b < nb && b < (g + 1) * NB2; b++) {
-            int64_t i0 = b * NB, len = n - i0 < NB ? n - i0 : NB;
-            s += block_absmax(src + i0, len);
-        }
-        st_f32(dst + 4 + g * NF4_GSTRIDE, (float)s);
-    }
-    double sum = 0.0;
-    for (int64_t g = 0; g < ng; g++) sum += ld_f32(dst + 4 + g * NF4_GSTRIDE);
-    float offset = nb > 0 ? (float)(sum / (double)nb) : 0.0f;
+    int64_t nb = cdiv(n, NB), ng = cdiv(nb, NB2), gfirst = lo / MF_QUANT_PART_ALIGN;
     st_f32(dst, offset);
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
     for (int64_t g = 0; g < ng; g++) {
@@ -188,7 +209,7 @@ static void pack_nf4(uint8_t *dst, const float *src, int64_t n) {
             float c = fabsf(amax[j] - offset);
             amax2 = c > amax2 ? c : amax2;
         }
-        uint8_t *grp = dst + 4 + g * NF4_GSTRIDE;
+        uint8_t *grp = dst + 4 + (gfirst + g) * NF4_GSTRIDE;
         st_f32(grp, amax2);
         float inv2 = amax2 > 0.0f ? 1.0f / amax2 : 0.0f;
         for (int64_t j = 0; j < nbg; j++) {
@@ -198,8 +219,8 @@ static void pack_nf4(uint8_t *dst, const float *src, int64_t n) {
             float inv = amax[j] > 0.0f ? 1.0f / amax[j] : 0.0f;
             for (int64_t i = 0; i < len; i += 2) {
                 uint8_t hi = nf4_code(src[i0 + i] * inv);
-                uint8_t lo = i + 1 < len ? nf4_code(src[i0 + i + 1] * inv) : 0;
-                blk[1 + i / 2] = (uint8_t)(hi << 4 | lo);
+                uint8_t lo4 = i + 1 < len ? nf4_code(src[i0 + i + 1] * inv) : 0;
+                blk[1 + i / 2] = (uint8_t)(hi << 4 | lo4);
             }
         }
     }
@@ -234,15 +255,28 @@ static void unpack_nf4(float *dst, const uint8_t *src, int64_t lo, int64_t n) {
 
 /* ---- pack / unpack ----------------------------------------------------- */
 
+void mf_quant_pack_part(mf_quant_kind k, void *dst, const float *src, int64_t lo, int64_t n, float nf4_offset) {
+    if (lo < 0 || n < 0 || lo % MF_QUANT_PART_ALIGN != 0)
+        mf_panic("mf_quant_pack_part: part [%lld, +%lld) must start on a multiple of %d", (long long)lo,
+                 (long long)n, MF_QUANT_PART_ALIGN);
+    switch (k) {
+    case MF_QUANT_F32: memcpy((float *)dst + lo, src, (size_t)n * 4); return;
+    case MF_QUANT_BF16: mf_bf16_from_f32((mf_bf16 *)dst + lo, src, (size_t)n); return;
+    case MF_QUANT_INT8: pack_int8_part((uint8_t *)dst, src, lo, n); return;
+    case MF_QUANT_NF4: pack_nf4_part((uint8_t *)dst, src, lo, n, nf4_offset); return;
+    }
+    mf_panic("mf_quant_pack_part: unknown kind %d", (int)k);
+}
+
 void mf_quant_pack(mf_quant_kind k, void *dst, const float *src, int64_t n) {
     if (n < 0) mf_panic("mf_quant_pack: negative count %lld", (long long)n);
-    switch (k) {
-    case MF_QUANT_F32: memcpy(dst, src, (size_t)n * 4); return;
-    case MF_QUANT_BF16: mf_bf16_from_f32((mf_bf16 *)dst, src, (size_t)n); return;
-    case MF_QUANT_INT8: pack_int8((uint8_t *)dst, src, n); return;
-    case MF_QUANT_NF4: pack_nf4((uint8_t *)dst, src, n); return;
+    float offset = 0.0f;
+    if (k == MF_QUANT_NF4) {
+        mf_quant_nf4_stats st = {0};
+        mf_quant_nf4_stats_add(&st, src, n);
+        offset = mf_quant_nf4_offset(&st);
     }
-    mf_panic("mf_quant_pack: unknown kind %d", (int)k);
+    mf_quant_pack_part(k, dst, src, 0, n, offset);
 }
 
 static void unpack_serial(mf_quant_kind k, float *dst, const void *src, int64_t lo, int64_t n) {
