@@ -303,10 +303,13 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
         void *st[MF_OPTIM_STATES];
         for (int k = 0; k < MF_OPTIM_STATES; k++) st[k] = x->st[k] >= 0 ? mf_arena_get(a, x->st[k]) : NULL;
         /* ZeRO >= 1: this rank's shard (lo, hi) of the tensor; stage 2 keeps the gradient's shard apart */
-        float *p = x->ps >= 0 ? (float *)mf_arena_get(a, x->ps) : (float *)mf_arena_get(a, x->p) + x->lo;
+        /* 16-bit precision: the fp32 master row is updated, then rounded
+         * into the compute copy */
+        float *p = x->ps >= 0 ? (float *)mf_arena_get(a, x->ps) : (float *)mf_arena_get(a, mf_tensor_weights_row(x)) + x->lo;
         const float *g = x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo;
         mf_optim_update(&m->opt, st, p, g, &x->os, (float)t->lr,
                         x->decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
+        mf_model_sync_params(m, a, i, 1);
     }
 }
 
@@ -374,6 +377,7 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
         for (int i = 0; i < m->n_tensors; i++)
             if (m->tensors[i].st[0] < 0) update_tensors(t, i, 1, gscale);
         if (mf_offstate_step(t, gscale)) return -1;
+        mf_model_sync_params(m, a, 0, m->n_tensors);  /* 16-bit copies of the streamed master rows */
     } else if (!uib) update_tensors(t, 0, m->n_tensors, gscale);
     if (mf_zero_gather_params(m, a)) return -1;
     t->step++;
