@@ -160,6 +160,11 @@ int mf_tensor_is16(const mf_model *m, const mf_tensor *t);
 /* Rounds the master weights of tensors [first, first+n) into their 16-bit
  * compute copies (nearest-even); tensors without a master row are skipped. */
 void mf_model_sync_params(const mf_model *m, const mf_arena *a, int first, int n);
+/* 16-bit precision: runs every GEMM shape the plan for (B, T, loss_chunk)
+ * will run once on zeroed heap operands (freed again), so the GEMM
+ * library's code and caches exist before the baseline RSS is read (as
+ * mf_blas_warmup does for OpenBLAS). No-op for F32. */
+int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss_chunk, int train);
 /* Pointers to tensor t's optimizer state rows (NULL where unused). */
 void mf_model_state_ptrs(const mf_model *m, const mf_arena *a, const mf_tensor *t, void *ptr[MF_OPTIM_STATES]);
 /* Sets tensor t's optimizer state to "no steps yet". */

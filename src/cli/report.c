@@ -119,6 +119,8 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
                 t->step, t->cfg.steps, st->loss, st->lr, st->grad_norm, st->tok_s,
                 sz(t->ledger.peak_total, a), sz(rss, b));
         if (!isnan(val)) fprintf(f, " | val %.4f", val);
+        if (t->use_scaler) fprintf(f, " | scale %g%s (%lld skipped)", st->loss_scale, st->skipped ? " SKIPPED" : "",
+                                   (long long)t->scaler.skipped);
         if (t->cfg.budget)
             fprintf(f, " | mem %.1f%% %s", 100.0 * (double)rss / (double)t->cfg.budget,
                     mf_health_name(mf_health_level(rss, t->cfg.budget)));
@@ -135,6 +137,9 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
         put_num(metrics, "tok_s", st->tok_s, "%.6g");
         put_num(metrics, "step_s", st->seconds, "%.6g");
         if (!isnan(val)) put_num(metrics, "val_loss", val, "%.9g");
+        if (t->use_scaler)
+            fprintf(metrics, ",\"loss_scale\":%.9g,\"skipped\":%d,\"skipped_total\":%lld", st->loss_scale, st->skipped,
+                    (long long)t->scaler.skipped);
         fprintf(metrics, ",\"planned_peak_bytes\":%zu,\"arena_bytes\":%zu,\"ledger_peak_bytes\":%zu,"
                          "\"rss_baseline_bytes\":%zu,\"rss_peak_bytes\":%zu",
                 t->plan.peak_bytes, t->plan.arena_bytes, t->ledger.peak_total, t->ledger.rss_baseline, rss);

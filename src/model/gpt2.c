@@ -228,45 +228,65 @@ static void slot_life(const mf_model *m, int s, int in, int fwd[2], int bwd[2]) 
     }
 }
 
-/* Scratch bytes of the largest 16-bit GEMM the model makes on N rows (its
- * forward, backward and the chunked head; sampling's head on 1 and on
- * every row); SIZE_MAX with mf_error set if the library cannot run one. */
-static size_t gemm_scratch_need(const mf_model *m, int N) {
-    int C = m->d.C, Vp = m->d.Vp, R = m->chunk_rows, train = m->mode == MF_MODE_TRAIN;
-    mf_dtype dt = m->cdt;
-    size_t mx = 0;
+/* Every 16-bit GEMM shape the model makes on N rows with loss chunks of R
+ * rows: the block matmuls' forward (and backward when training) and the
+ * chunked head (sampling's head on 1 and on min(N, R) rows). fn gets
+ * (M, N, K, tA, tB, accumulate, bias) and returns nonzero to stop. */
+typedef int (*gemm_shape_fn)(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias);
+static int gemm_shapes(int C, int Vp, int N, int R, int train, gemm_shape_fn fn, void *ctx) {
     /* (in, out) of the four block matmuls; accumulate for the residual ones */
     const int io[4][3] = {{C, 3 * C, 0}, {C, C, 1}, {C, 4 * C, 0}, {4 * C, C, 1}};
-    size_t s[8];
-    int ns;
     for (int k = 0; k < 4; k++) {
         int ci = io[k][0], oc = io[k][1];
-        ns = 0;
-        s[ns++] = mf_gemm16_scratch_bytes(dt, N, oc, ci, 0, 0, io[k][2], 1);
-        if (train) {
-            s[ns++] = mf_gemm16_scratch_bytes(dt, ci, oc, N, 1, 0, 1, 0);
-            s[ns++] = mf_gemm16_scratch_bytes(dt, N, ci, oc, 0, 1, 0, 0);
-        }
-        for (int i = 0; i < ns; i++) { if (s[i] == SIZE_MAX) return SIZE_MAX; if (s[i] > mx) mx = s[i]; }
+        if (fn(ctx, N, oc, ci, 0, 0, io[k][2], 1)) return -1;
+        if (train && (fn(ctx, ci, oc, N, 1, 0, 1, 0) || fn(ctx, N, ci, oc, 0, 1, 0, 0))) return -1;
     }
     int rows[3] = {R, 1, N < R ? N : R};
-    for (int k = 0; k < 3; k++) {
-        ns = 0;
-        s[ns++] = mf_gemm16_scratch_bytes(dt, rows[k], Vp, C, 0, 1, 0, 0);
-        if (train && k == 0) {
-            s[ns++] = mf_gemm16_scratch_bytes(dt, R, C, Vp, 0, 0, 0, 0);
-            s[ns++] = mf_gemm16_scratch_bytes(dt, Vp, C, R, 1, 0, 1, 0);
-            /* the last chunk may be shorter */
-            int rl = N % R;
-            if (rl) {
-                s[ns++] = mf_gemm16_scratch_bytes(dt, rl, Vp, C, 0, 1, 0, 0);
-                s[ns++] = mf_gemm16_scratch_bytes(dt, rl, C, Vp, 0, 0, 0, 0);
-                s[ns++] = mf_gemm16_scratch_bytes(dt, Vp, C, rl, 1, 0, 1, 0);
-            }
-        }
-        for (int i = 0; i < ns; i++) { if (s[i] == SIZE_MAX) return SIZE_MAX; if (s[i] > mx) mx = s[i]; }
+    for (int k = 0; k < 3; k++)
+        if (fn(ctx, rows[k], Vp, C, 0, 1, 0, 0)) return -1;
+    if (!train) return 0;
+    int rl[2] = {R, N % R};  /* the last chunk may be shorter */
+    for (int k = 0; k < 2; k++) {
+        if (!rl[k]) continue;
+        if (fn(ctx, rl[k], Vp, C, 0, 1, 0, 0) || fn(ctx, rl[k], C, Vp, 0, 0, 0, 0) || fn(ctx, Vp, C, rl[k], 1, 0, 1, 0))
+            return -1;
     }
-    return mx;
+    return 0;
+}
+
+typedef struct { mf_dtype dt; size_t mx; } scratch_ctx;
+static int scratch_max(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias) {
+    scratch_ctx *c = ctx;
+    size_t s = mf_gemm16_scratch_bytes(c->dt, M, N, K, tA, tB, acc, bias);
+    if (s == SIZE_MAX) { c->mx = SIZE_MAX; return -1; }
+    if (s > c->mx) c->mx = s;
+    return 0;
+}
+
+/* Scratch bytes of the largest 16-bit GEMM the model makes; SIZE_MAX with
+ * mf_error set if the library cannot run one. */
+static size_t gemm_scratch_need(const mf_model *m, int N) {
+    scratch_ctx c = {m->cdt, 0};
+    gemm_shapes(m->d.C, m->d.Vp, N, m->chunk_rows, m->mode == MF_MODE_TRAIN, scratch_max, &c);
+    return c.mx;
+}
+
+static int warm_one(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias) {
+    mf_dtype dt = *(const mf_dtype *)ctx;
+    size_t sb = mf_gemm16_scratch_bytes(dt, M, N, K, tA, tB, acc, bias);
+    if (sb == SIZE_MAX) return -1;
+    void *a = calloc((size_t)M * K, 2), *b = calloc((size_t)K * N, 2), *s = calloc(sb ? sb : 1, 1);
+    float *c = calloc((size_t)M * N, sizeof(float)), *bi = calloc((size_t)N, sizeof(float));
+    if (a && b && s && c && bi) mf_gemm16(dt, c, a, b, bias ? bi : NULL, M, N, K, tA, tB, acc, s, sb ? sb : 1);
+    free(a); free(b); free(s); free(c); free(bi);
+    return 0;
+}
+
+int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss_chunk, int train) {
+    if (dt == MF_DTYPE_F32) return 0;
+    int64_t N = (int64_t)B * T, R = loss_chunk > 0 && loss_chunk < N ? loss_chunk : N;
+    if (R < B) R = B;
+    return gemm_shapes(d->C, d->Vp, (int)N, (int)R, train, warm_one, &dt);
 }
 
 int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,

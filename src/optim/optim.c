@@ -40,6 +40,9 @@ int mf_optim_init(mf_optim *o, const mf_config *cfg) {
     if (o->compute == MF_DTYPE_F16 && !cfg->master_weights)
         return mf_fail("master_weights 0 needs precision bf16: fp16 weights updated in place lose small updates "
                        "and have no loss-scale-safe rounding here; keep master_weights 1 with fp16");
+    if (o->compute == MF_DTYPE_F16 && cfg->update_in_backward)
+        return mf_fail("precision fp16 cannot update in backward: a step with inf/NaN gradients must be skipped whole "
+                       "(loss scaling); use precision bf16, or turn update_in_backward off");
     if (o->compute == MF_DTYPE_BF16 && !cfg->master_weights && (cfg->update_in_backward || cfg->offload[0]))
         return mf_fail("master_weights 0 cannot be combined with update_in_backward or offload yet; "
                        "keep master_weights 1");
