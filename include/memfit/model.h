@@ -123,6 +123,8 @@ typedef struct {
     int in16;             /* 16-bit: (N,C) attention output rounded for c_proj, else -1 */
     int dout16;           /* 16-bit: (N,4C) a GEMM's output gradient rounded for its backward, else -1 */
     int dlogits16;        /* 16-bit: (chunk_rows,Vp) rounded d(loss)/d(logits), else -1 */
+    int upd32;            /* bf16 without master weights: fp32 scratch (optimizer phase) the update of one
+                           * 16-bit tensor runs in before stochastic rounding back, else -1 */
     int gemm_scratch;     /* 16-bit: the GEMM library's scratch (bytes below), else -1 */
     size_t gemm_scratch_bytes;
     int comm;             /* dist: the ring collectives' scratch row (mf_zero_plan), else -1 */

@@ -297,7 +297,7 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     if (opt) m->opt = *opt;
     m->comm = -1;
     m->cdt = mode == MF_MODE_TRAIN ? m->opt.compute : MF_DTYPE_F32;  /* forward-only plans are fp32 */
-    m->in16 = m->dout16 = m->dlogits16 = m->gemm_scratch = -1;
+    m->in16 = m->dout16 = m->dlogits16 = m->gemm_scratch = m->upd32 = -1;
     if (m->cdt != MF_DTYPE_F32 && m->opt.zero >= 1 && m->opt.world > 1)
         return mf_fail("precision %s with zero %d: ZeRO sharding of 16-bit weights is not supported yet (use zero 0 "
                        "or precision fp32)", m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16", m->opt.zero);
@@ -487,6 +487,15 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
             m->dout16 = add(&ad, "work.gemm_dout16", MF_CAT_WORK, m->cdt, 2, N, 4 * C, 0, 0,
                             mf_phase_layer_bwd(m, L - 1), g1, -1);
             m->dlogits16 = add(&ad, "work.dlogits16", MF_CAT_WORK, m->cdt, 2, m->chunk_rows, d->Vp, 0, 0, hf, hf, -1);
+        }
+        if (train && !m->opt.master) {
+            /* master_weights 0: each 16-bit tensor is widened here, updated,
+             * and rounded back stochastically; the largest is wte */
+            int64_t mx = 0;
+            for (int i = 0; i < m->n_tensors; i++)
+                if (mf_tensor_is16(m, &m->tensors[i]) && m->tensors[i].numel > mx) mx = m->tensors[i].numel;
+            int po = mf_phase_optim(m);
+            m->upd32 = add(&ad, "work.update_f32", MF_CAT_WORK, MF_DTYPE_F32, 1, mx, 0, 0, 0, po, po, -1);
         }
         size_t gs = gemm_scratch_need(m, (int)N);
         if (gs == SIZE_MAX) { mf_model_free(m); return -1; }

@@ -2,6 +2,7 @@
  * step, validation and sampling. */
 #include "memfit/train.h"
 #include "memfit/dist.h"
+#include "memfit/half.h"
 #include "memfit/kernels.h"
 #include "memfit/optim.h"
 
@@ -312,8 +313,21 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
         /* ZeRO >= 1: this rank's shard (lo, hi) of the tensor; stage 2 keeps the gradient's shard apart */
         /* 16-bit precision: the fp32 master row is updated, then rounded
          * into the compute copy */
-        float *p = x->ps >= 0 ? (float *)mf_arena_get(a, x->ps) : (float *)mf_arena_get(a, mf_tensor_weights_row(x)) + x->lo;
         const float *g = x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo;
+        if (x->mw < 0 && mf_tensor_is16(m, x)) {
+            /* master_weights 0: widen the bf16 weights (exact), update in
+             * fp32, round back stochastically (llm.c), from a counter-based
+             * stream of (seed, step, tensor) so runs and resumes repeat */
+            float *w32 = mf_arena_get(a, m->upd32);
+            mf_bf16 *w16 = mf_arena_get(a, x->p);
+            mf_f32_from_bf16(w32, w16, (size_t)x->numel);
+            mf_optim_update(&m->opt, st, w32, g, &x->os, (float)t->lr,
+                            x->decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
+            uint64_t seed = c->seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)(t->step + 1) << 16) ^ (uint64_t)i;
+            mf_bf16_from_f32_sr(w16, w32, (size_t)x->numel, seed, 0);
+            continue;
+        }
+        float *p = x->ps >= 0 ? (float *)mf_arena_get(a, x->ps) : (float *)mf_arena_get(a, mf_tensor_weights_row(x)) + x->lo;
         mf_optim_update(&m->opt, st, p, g, &x->os, (float)t->lr,
                         x->decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
         mf_model_sync_params(m, a, i, 1);
