@@ -147,12 +147,15 @@ static int save(const mf_trainer *t, const char *path_in, int with_optim) {
     snprintf(step, sizeof step, "%d", t->step);
     snprintf(pos, sizeof pos, "%" PRIu64, t->data_pos);
     snprintf(rng, sizeof rng, "%" PRIu64, t->rng.s);
+    /* fp16's loss scaler: scale, clean steps, skipped steps (resume repeats it) */
+    char scaler[96];
+    snprintf(scaler, sizeof scaler, "%.9g,%d,%lld", (double)t->scaler.scale, t->scaler.clean, (long long)t->scaler.skipped);
     int rc = mf_config_to_yaml(&t->cfg, cfg, 1 << 16);
     const char *keys[] = {"format", "dims", "tokenizer", "step", "data_pos", "rng", "optimizer", "config",
-                          "world_size", "rank", "zero"};
+                          "world_size", "rank", "zero", "loss_scaler"};
     const char *vals[] = {with_optim ? CKPT_FORMAT : "memfit-weights-1", dims, t->d.tokenizer, step, pos, rng,
-                          mf_optim_name(t->model.opt.kind), cfg, world, rank, zero};
-    if (rc == 0) rc = mf_st_write(path, e, n, keys, vals, with_optim ? 11 : 3);
+                          mf_optim_name(t->model.opt.kind), cfg, world, rank, zero, scaler};
+    if (rc == 0) rc = mf_st_write(path, e, n, keys, vals, with_optim ? 12 : 3);
     free(pr);
     free(e);
     free(names);
@@ -203,8 +206,8 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
     /* the row's dtype (fp32, or bf16 weights without a master copy, which
      * also take fp32 files rounded to nearest-even) */
     mf_dtype rdt = t->plan.bufs[id].dtype;
-    int to16 = rdt == MF_DTYPE_BF16 && s->dtype == MF_DTYPE_F32;
-    int ok = (s->dtype == rdt || to16) && s->ndim == x->ndim && s->shape[0] == want[0] &&
+    int to16 = rdt == MF_DTYPE_BF16 && s->dtype == MF_DTYPE_F32, to32 = rdt == MF_DTYPE_F32 && s->dtype == MF_DTYPE_BF16;
+    int ok = (s->dtype == rdt || to16 || to32) && s->ndim == x->ndim && s->shape[0] == want[0] &&
              (x->ndim == 1 || s->shape[1] == want[1]);
     if (!ok) {
         char a[64], b[64];
@@ -218,6 +221,9 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
     if (to16) {
         mf_bf16_from_f32(dst, s->data, s->nbytes / sizeof(float));
         have = s->nbytes / 2;
+    } else if (to32) {  /* bf16 weights (master_weights 0) widen exactly */
+        mf_f32_from_bf16(dst, s->data, s->nbytes / 2);
+        have = s->nbytes * 2;
     } else copy_and_drop(dst, s->data, s->nbytes);
     /* padding rows (wte beyond V) stay zero */
     size_t rest = (size_t)(x->numel * (int64_t)mf_dtype_size(rdt)) - have;
@@ -349,6 +355,17 @@ int mf_trainer_load_checkpoint(mf_trainer *t, const char *path_in) {
         char *e1, *e2, *e3;
         long s = strtol(step, &e1, 10);
         unsigned long long p = strtoull(pos, &e2, 10), r = strtoull(rng, &e3, 10);
+        const char *ls = mf_st_meta(&f, "loss_scaler");
+        if (ls && t->use_scaler && train) {
+            double sc;
+            int cl;
+            long long sk;
+            if (sscanf(ls, "%lg,%d,%lld", &sc, &cl, &sk) == 3 && sc > 0) {
+                t->scaler.scale = (float)sc;
+                t->scaler.clean = cl;
+                t->scaler.skipped = sk;
+            }
+        }
         if (*e1 || *e2 || *e3 || s < 0) rc = mf_fail("%s: bad checkpoint metadata", path);
         else {
             t->step = (int)s;
