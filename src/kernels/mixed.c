@@ -132,15 +132,15 @@ size_t mf_gemm16_scratch_bytes(mf_dtype dt, int M, int N, int K, int tA, int tB,
 void mf_gemm16(mf_dtype dt, float *C, const void *A, const void *B, const float *bias, int M, int N, int K,
                int tA, int tB, int accumulate, void *scratch, size_t scratch_bytes) {
     if (M <= 0 || N <= 0) return;
-    size_t need = mf_gemm16_scratch_bytes(dt, M, N, K, tA, tB, accumulate, bias != NULL);
-    if (need == SIZE_MAX || need > scratch_bytes)
-        mf_panic("16-bit GEMM %dx%dx%d needs %zu bytes of scratch, %zu planned", M, N, K, need, scratch_bytes);
     if (dt == MF_DTYPE_BF16) {
+        /* one primitive description per call: the size check is inside */
         if (K <= 0) mf_panic("bf16 GEMM with K = 0");
-        if (mf_gemm_bf16(C, A, B, bias, M, N, K, tA, tB, accumulate, 0, scratch))
-            mf_panic("bf16 GEMM failed: %s", mf_error());
+        if (mf_gemm_bf16_sized(C, A, B, bias, M, N, K, tA, tB, accumulate, 0, scratch, scratch_bytes))
+            mf_panic("bf16 GEMM %dx%dx%d failed (a memfit bug: the plan sized its scratch): %s", M, N, K, mf_error());
         return;
     }
+    if (f16_scratch(M, N, K) > scratch_bytes)
+        mf_panic("fp16 GEMM %dx%dx%d needs %zu bytes of scratch, %zu planned", M, N, K, f16_scratch(M, N, K), scratch_bytes);
     float beta = accumulate ? 1.0f : 0.0f;
     if (bias) {
 #pragma omp parallel for schedule(static) if ((size_t)M * N >= MF_PAR_MIN)
