@@ -1,5 +1,6 @@
 /* memfit CPU kernels: one forward/backward pair per layer type, on plain
- * pointers and sizes (llm.c style). fp32, row-major.
+ * pointers and sizes (llm.c style). fp32, row-major; the 16-bit (bf16/fp16)
+ * variants the mixed-precision model uses are at the end (mixed.c).
  *
  * Owns nothing: every buffer is passed in by the caller (from the arena).
  * Promises: no allocation; N is the number of rows (B*T); weight matrices are
