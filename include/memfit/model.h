@@ -1,7 +1,7 @@
 /* memfit model: GPT-2 (learned positions, pre-LayerNorm, causal multi-head
- * attention, GELU(tanh) MLP of 4C, tied embedding), fp32 or mixed precision (16-bit GEMM operands,
- * docs/precision.md), with an explicit
- * forward and backward per layer.
+ * attention, GELU(tanh) MLP of 4C, tied embedding), fp32 or mixed precision
+ * (16-bit GEMM operands, docs/precision.md), with an explicit forward and
+ * backward per layer.
  *
  * Owns: the model's rows in the plan (weights, gradients, optimizer state,
  * activations, scratch, loader buffers) and the buffer ids that point at
