@@ -57,7 +57,8 @@ static inline float *tu_copy_tensors(const mf_trainer *t, int grads, size_t *n) 
     float *out = malloc(total * sizeof *out), *p = out;
     for (int i = 0; out && i < t->model.n_tensors; i++) {
         const mf_tensor *x = &t->model.tensors[i];
-        memcpy(p, mf_arena_ptr(&t->arena, grads ? x->g : x->p), (size_t)x->numel * sizeof *p);
+        /* weights: the fp32 row (the master row under 16-bit precision) */
+        memcpy(p, mf_arena_ptr(&t->arena, grads ? x->g : mf_tensor_weights_row(x)), (size_t)x->numel * sizeof *p);
         p += x->numel;
     }
     *n = total;

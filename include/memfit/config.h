@@ -35,6 +35,10 @@ typedef struct {
     double momentum;          /* sgd momentum, adafactor beta1 (0 = none) */
     int relative_step;        /* adafactor: lr from the step count */
     int update_in_backward;   /* apply each update as its gradient completes */
+    char precision[8];        /* fp32 | bf16 | fp16: dtype of GEMM weights and GEMM-input activations */
+    int master_weights;
+    double loss_scale;        /* fp16: initial dynamic loss scale */
+    int loss_scale_interval;  /* fp16: clean steps before the scale doubles */       /* 16-bit precision: keep fp32 master weights (off: bf16 only, stochastic rounding) */
     char offload[MF_PATH_MAX + 32]; /* "" or optimizer=disk:PATH */
     size_t offload_window;    /* bytes per window (two are planned) */
     uint64_t seed;

@@ -50,6 +50,12 @@ void mf_dist_shard(int64_t n, int world, int rank, int64_t *lo, int64_t *hi);
 int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n);
 /* Ring all-gather in place: each rank's shard of x[n] is copied to all. */
 int mf_dist_allgather(float *x, int64_t n);
+/* Background all-gather in place (ZeRO 3's prefetch): a thread runs
+ * mf_dist_allgather on x[0..k) (n[i] elements each) while the caller
+ * computes; mf_dist_gather_wait joins it and returns its result. Any other
+ * collective the caller starts first waits for it. */
+int mf_dist_gather_start(float *const *x, const int64_t *n, int k);
+int mf_dist_gather_wait(void);
 /* Sum of x[n] over the ranks on every rank (reduce-scatter + all-gather). */
 int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n);
 /* Sums n doubles over the ranks, in place (small: loss, norms). */
@@ -91,6 +97,10 @@ int mf_zero_gather_params(mf_model *m, mf_arena *a);
  * each from the ranks' shards into the row this phase reads (the model
  * calls it). */
 int mf_zero_params_needed(mf_model *m, mf_arena *a, int first, int n);
+/* Stage 3, one phase ahead: starts gathering tensors [first, first+n) into
+ * the rows the next phase reads (alive from this phase on); the model
+ * completes it with mf_dist_gather_wait when that phase starts. */
+int mf_zero_params_prefetch(mf_model *m, mf_arena *a, int first, int n);
 
 #ifdef __cplusplus
 }

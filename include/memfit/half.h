@@ -75,6 +75,9 @@ void mf_bf16_from_f32_sr(mf_bf16 *out, const float *in, size_t n, uint64_t seed,
  * mf_error() set. Calls come from one thread; the work runs on OpenMP's. */
 int mf_gemm_bf16(void *C, const mf_bf16 *A, const mf_bf16 *B, const float *bias, int M, int N, int K,
                  int tA, int tB, int accumulate, int c_bf16, void *scratch);
+/* The same with the scratch's size: -1 when the call needs more. */
+int mf_gemm_bf16_sized(void *C, const mf_bf16 *A, const mf_bf16 *B, const float *bias, int M, int N, int K,
+                       int tA, int tB, int accumulate, int c_bf16, void *scratch, size_t scratch_bytes);
 /* Scratch bytes the call above needs (0 or more), or SIZE_MAX on error. */
 size_t mf_gemm_bf16_scratch_bytes(int M, int N, int K, int tA, int tB, int accumulate, int c_bf16, int bias);
 /* The oneDNN implementation chosen for a typical shape, e.g.

@@ -1,5 +1,6 @@
 /* memfit CPU kernels: one forward/backward pair per layer type, on plain
- * pointers and sizes (llm.c style). fp32, row-major.
+ * pointers and sizes (llm.c style). fp32, row-major; the 16-bit (bf16/fp16)
+ * variants the mixed-precision model uses are at the end (mixed.c).
  *
  * Owns nothing: every buffer is passed in by the caller (from the arena).
  * Promises: no allocation; N is the number of rows (B*T); weight matrices are
@@ -13,6 +14,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "memfit/core.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -99,6 +101,43 @@ void mf_flash_attention_backward(float *dqkv, float *scratch, const float *dout,
                                  const float *out, const float *qkv, const float *lse,
                                  int B, int T, int C, int NH);
 size_t mf_flash_attention_scratch_floats(int T, int hs, int nthreads);
+
+/* ---- mixed precision (mixed.c; docs/precision.md) ----------------------
+ * dt is MF_DTYPE_BF16 or MF_DTYPE_F16; "16-bit" buffers hold uint16 values
+ * of that format. Outputs that feed a GEMM are stored in 16 bits, rounded
+ * to nearest-even from the fp32 result; every sum (LayerNorm statistics,
+ * GEMM accumulation, bias gradients) is fp32. GEMM outputs are fp32.
+ * scratch / scratch_bytes: at least mf_gemm16_scratch_bytes() for every
+ * GEMM the call makes (a plan row); too little is a memfit bug (panic). */
+void mf_half_from_f32(mf_dtype dt, void *out, const float *in, size_t n);
+void mf_f32_from_half(mf_dtype dt, float *out, const void *in, size_t n);
+/* mf_encoder_forward with a 16-bit wte (wpe and out fp32). */
+void mf_encoder_forward16(float *out, const int32_t *inp, const void *wte, mf_dtype dt,
+                          const float *wpe, int B, int T, int C);
+/* mf_layernorm_forward with a 16-bit out; mean and rstd bit-identical to it. */
+void mf_layernorm_forward16(void *out, mf_dtype dt, float *mean, float *rstd, const float *inp,
+                            const float *w, const float *b, int N, int C);
+/* mf_gelu_forward with a 16-bit out (not in place). */
+void mf_gelu_forward16(void *out, mf_dtype dt, const float *inp, size_t n);
+/* C (M,N) fp32 = op(A) @ op(B) [+ bias] [+ C if accumulate]; A, B 16-bit
+ * row-major, op(X) = X^T when tX (as mf_gemm_bf16). bf16: oneDNN; fp16:
+ * K-blocks widened to fp32 in scratch, then sgemm. */
+void mf_gemm16(mf_dtype dt, float *C, const void *A, const void *B, const float *bias, int M, int N, int K,
+               int tA, int tB, int accumulate, void *scratch, size_t scratch_bytes);
+size_t mf_gemm16_scratch_bytes(mf_dtype dt, int M, int N, int K, int tA, int tB, int accumulate, int bias);
+/* As mf_matmul_forward / _backward with 16-bit inp and w. Backward rounds
+ * dout into dout16 (N*OC 16-bit) for the two GEMMs; dbias sums the fp32 dout. */
+void mf_matmul16_forward(mf_dtype dt, float *out, const void *inp, const void *w, const float *bias, int N, int C,
+                         int OC, int accumulate, void *scratch, size_t scratch_bytes);
+void mf_matmul16_backward(mf_dtype dt, float *dinp, float *dw, float *dbias, const float *dout, void *dout16,
+                          const void *inp, const void *w, int N, int C, int OC, void *scratch, size_t scratch_bytes);
+/* As mf_classifier_forward / _backward with 16-bit x and wte; backward
+ * rounds dlogits into dlogits16 (N*Vp 16-bit). */
+void mf_classifier16_forward(mf_dtype dt, float *logits, const void *x, const void *wte, int N, int C, int Vp,
+                             void *scratch, size_t scratch_bytes);
+void mf_classifier16_backward(mf_dtype dt, float *dx, float *dwte, const float *dlogits, void *dlogits16,
+                              const void *x, const void *wte, int N, int C, int Vp, void *scratch,
+                              size_t scratch_bytes);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /* memfit model: GPT-2 (learned positions, pre-LayerNorm, causal multi-head
- * attention, GELU(tanh) MLP of 4C, tied embedding), fp32, with an explicit
- * forward and backward per layer.
+ * attention, GELU(tanh) MLP of 4C, tied embedding), fp32 or mixed precision
+ * (16-bit GEMM operands, docs/precision.md), with an explicit forward and
+ * backward per layer.
  *
  * Owns: the model's rows in the plan (weights, gradients, optimizer state,
  * activations, scratch, loader buffers) and the buffer ids that point at
@@ -76,6 +77,8 @@ typedef struct {
     mf_optim_shape os;  /* the tensor as the optimizer sees it (ZeRO >= 1: this rank's shard, 1-D) */
     int64_t lo, hi;     /* this rank's shard of the elements (dist/; [0, numel) unless ZeRO >= 1 on > 1 rank) */
     int gs;             /* ZeRO 2 and 3: the persistent gradient shard row (hi - lo floats), else -1 */
+    int mw;             /* 16-bit precision: the fp32 master weights row (category master), else -1;
+                         * p is then the 16-bit compute copy, rounded from mw after every update */
     int ps, pb;         /* ZeRO 3: the persistent parameter shard row, and the full row backward
                          * gathers into (p is then the one forward gathers into); else -1 */
     int lora;           /* a LoRA adapter matrix (lora_A / lora_B; category adapter) */
@@ -119,8 +122,20 @@ typedef struct {
      * them); their gradient rows live only while backward builds them */
     void (*grads_ready)(void *ctx, int first, int n);
     void *grads_ctx;
+    mf_dtype cdt;         /* precision: F32, or BF16/F16 for GEMM weights (2-D tensors but wpe) and
+                           * the activations GEMMs read (ln1, ln2, fch_gelu, ln_f); docs/precision.md */
+    int in16;             /* 16-bit: (N,C) attention output rounded for c_proj, else -1 */
+    int dout16;           /* 16-bit: (N,4C) a GEMM's output gradient rounded for its backward, else -1 */
+    int dlogits16;        /* 16-bit: (chunk_rows,Vp) rounded d(loss)/d(logits), else -1 */
+    int upd32;            /* bf16 without master weights: fp32 scratch (optimizer phase) the update of one
+                           * 16-bit tensor runs in before stochastic rounding back, else -1 */
+    int gemm_scratch;     /* 16-bit: the GEMM library's scratch (bytes below), else -1 */
+    size_t gemm_scratch_bytes;
     int comm;             /* dist: the ring collectives' scratch row (mf_zero_plan), else -1 */
     int comm_err;         /* ZeRO 3: a parameter gather failed (message in mf_error) */
+    int prefetch;         /* ZeRO 3: gather the next layer's parameters while this one runs
+                           * (its rows live one phase earlier); MEMFIT_ZERO_PREFETCH=0 turns it off */
+    int pf_first;         /* ZeRO 3: first tensor of the gather in flight, else -1 */
     /* LoRA (lora.h): adapters on the targeted matmuls of a frozen base */
     mf_lora_cfg lora;     /* lora.r == 0: none */
     int lora_first;       /* tensors[lora_first..]: per layer, per target in order, lora_A then lora_B */
@@ -178,6 +193,20 @@ int64_t mf_model_n_trainable(const mf_model *m);
 /* GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
  * biases 0, LayerNorm weights 1; optimizer state and gradients zero. */
 void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed);
+/* The row that holds tensor t's fp32 weights: its master row under 16-bit
+ * precision with master weights, else its parameter row (which is 16-bit
+ * when t is a 16-bit tensor without master weights). */
+int mf_tensor_weights_row(const mf_tensor *t);
+/* 1 when tensor t's parameter row is 16-bit. */
+int mf_tensor_is16(const mf_model *m, const mf_tensor *t);
+/* Rounds the master weights of tensors [first, first+n) into their 16-bit
+ * compute copies (nearest-even); tensors without a master row are skipped. */
+void mf_model_sync_params(const mf_model *m, const mf_arena *a, int first, int n);
+/* 16-bit precision: runs every GEMM shape the plan for (B, T, loss_chunk)
+ * will run once on zeroed heap operands (freed again), so the GEMM
+ * library's code and caches exist before the baseline RSS is read (as
+ * mf_blas_warmup does for OpenBLAS). No-op for F32. */
+int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss_chunk, int train);
 /* Pointers to tensor t's optimizer state rows (NULL where unused). */
 void mf_model_state_ptrs(const mf_model *m, const mf_arena *a, const mf_tensor *t, void *ptr[MF_OPTIM_STATES]);
 /* Sets tensor t's optimizer state to "no steps yet". */

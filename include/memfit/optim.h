@@ -148,6 +148,8 @@ typedef struct {
     size_t offload_window;         /* bytes of each of the two streaming windows */
     mf_adafactor_hp af;            /* adafactor; lr and wd are set per update */
     float map_signed[256], map_unsigned[256];
+    mf_dtype compute;              /* precision: F32, BF16 or F16 for GEMM weights and GEMM-input activations */
+    int master;                    /* 16-bit compute: fp32 master weights kept (category master) */
     int zero, world, rank;         /* ZeRO stage and this rank (set by the trainer, dist/): with zero >= 1 on
                                     * world > 1 ranks the state covers this rank's shard of each tensor */
 } mf_optim;

@@ -50,6 +50,7 @@ typedef struct {
     int gemm_c[MF_RATES_GEMM_SIZES];          /* model widths C calibrated */
     int gemm_m[MF_RATES_GEMM_ROWS];           /* rows (B x T) calibrated */
     double gemm_gflops[MF_RATES_GEMM_ROWS][MF_RATES_GEMM_SIZES]; /* fp32 GEMM (M rows, K=C, N=4C) */
+    double gemm16_gflops[MF_RATES_GEMM_ROWS][MF_RATES_GEMM_SIZES]; /* bf16 GEMM (oneDNN), same shapes */
     double attn_gflops;   /* causal flash attention forward+backward, hs 64 */
     double elem_gbs;      /* LayerNorm and GELU kernels, bytes read + written */
     double optim_mps[4];  /* optimizer update, million parameters/s, by mf_optim_kind */
@@ -69,12 +70,16 @@ int mf_planner_calibrate(mf_rates *r, int nthreads);
 /* The GEMM rate at model width C and rows M (log-linear between the
  * calibrated points, clamped at the ends). */
 double mf_rates_gemm(const mf_rates *r, int C, int M);
+/* The same for bf16 GEMMs (precision bf16). */
+double mf_rates_gemm16(const mf_rates *r, int C, int M);
 
 /* One candidate setting and what it costs. */
 typedef struct {
     char recompute[16];
     int batch, grad_accum;
     char optimizer[16];
+    char precision[8];    /* fp32 | bf16 | fp16 */
+    int master;           /* 16-bit precision with fp32 master weights */
     int update_in_backward;
     int offload;          /* optimizer state in a file */
     int lossy;            /* changes the maths of the requested run */

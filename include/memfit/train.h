@@ -66,6 +66,9 @@ typedef struct {
     double uib_sumsq;     /* update_in_backward: squared gradient norm so far */
     int uib_bad;          /* update_in_backward: a gradient was not finite */
     mf_rng rng;
+    mf_scaler scaler;     /* precision fp16: dynamic loss scaling (use_scaler 1) */
+    int use_scaler;
+    int inject_overflow;  /* tests: the next step's gradient gets an inf (then reset to 0) */
     struct mf_offload *off;            /* offloaded optimizer state (NULL if none) */
     struct mf_offchunk *off_chunks;    /* its chunk map (offload_state.c) */
     int off_n;
@@ -83,6 +86,8 @@ typedef struct {
 
 typedef struct {
     double loss, lr, grad_norm, seconds, tok_s;
+    double loss_scale;    /* fp16: the scale this step's backward used (0 otherwise) */
+    int skipped;          /* fp16: the update was skipped (inf/NaN gradients) */
 } mf_step_stats;
 
 int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode);

@@ -1,5 +1,6 @@
 #include "report.h"
 #include "memfit/dist.h"
+#include "memfit/half.h"
 #include "memfit/monitor.h"
 
 #include <cblas.h>
@@ -65,6 +66,11 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
             (unsigned long long)(t->train_hi - t->train_lo), t->n_val_batches,
             recompute_desc(&t->cfg, &t->model, rc, sizeof rc));
     lora_line(f, &t->model, &t->cfg, d);
+    if (t->model.cdt != MF_DTYPE_F32)
+        fprintf(f, "precision %s: 16-bit GEMM weights and GEMM inputs, fp32 %s, gradients and reductions; GEMM %s%s\n",
+                t->cfg.precision, t->model.opt.master ? "master weights, optimizer state" : "optimizer state (bf16 weights, "
+                "stochastic rounding)", t->model.cdt == MF_DTYPE_BF16 ? "oneDNN " : "fp32 sgemm on widened fp16 blocks",
+                t->model.cdt == MF_DTYPE_BF16 ? mf_gemm_bf16_impl() : "");
     if (t->world > 1)
         fprintf(f, "data parallel: %d ranks of batch %d (global batch %d), ZeRO stage %d; memory below is per rank\n",
                 t->world, t->B, t->B * t->world, t->model.opt.zero);
@@ -130,6 +136,8 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
                 t->step, t->cfg.steps, st->loss, st->lr, st->grad_norm, st->tok_s,
                 sz(t->ledger.peak_total, a), sz(rss, b));
         if (!isnan(val)) fprintf(f, " | val %.4f", val);
+        if (t->use_scaler) fprintf(f, " | scale %g%s (%lld skipped)", st->loss_scale, st->skipped ? " SKIPPED" : "",
+                                   (long long)t->scaler.skipped);
         if (t->cfg.budget)
             fprintf(f, " | mem %.1f%% %s", 100.0 * (double)rss / (double)t->cfg.budget,
                     mf_health_name(mf_health_level(rss, t->cfg.budget)));
@@ -146,6 +154,9 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
         put_num(metrics, "tok_s", st->tok_s, "%.6g");
         put_num(metrics, "step_s", st->seconds, "%.6g");
         if (!isnan(val)) put_num(metrics, "val_loss", val, "%.9g");
+        if (t->use_scaler)
+            fprintf(metrics, ",\"loss_scale\":%.9g,\"skipped\":%d,\"skipped_total\":%lld", st->loss_scale, st->skipped,
+                    (long long)t->scaler.skipped);
         fprintf(metrics, ",\"planned_peak_bytes\":%zu,\"arena_bytes\":%zu,\"ledger_peak_bytes\":%zu,"
                          "\"rss_baseline_bytes\":%zu,\"rss_peak_bytes\":%zu",
                 t->plan.peak_bytes, t->plan.arena_bytes, t->ledger.peak_total, t->ledger.rss_baseline, rss);
@@ -210,8 +221,10 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
                         const mf_model *m, size_t runtime) {
     char a[32], b[32];
     char rc[64], od[64];
-    fprintf(f, "model %s: %lld params (L%d C%d H%d, block %d, vocab %d), batch %d x seq %d, fp32, optimizer %s, recompute %s\n",
-            cfg->model, (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T,
+    const char *prec = m->cdt == MF_DTYPE_BF16 ? (m->opt.master ? "bf16 (fp32 master weights)" : "bf16 (no master weights)")
+                     : m->cdt == MF_DTYPE_F16 ? "fp16 (fp32 master weights, loss scaling)" : "fp32";
+    fprintf(f, "model %s: %lld params (L%d C%d H%d, block %d, vocab %d), batch %d x seq %d, %s, optimizer %s, recompute %s\n",
+            cfg->model, (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T, prec,
             optim_desc(m, od, sizeof od), recompute_desc(cfg, m, rc, sizeof rc));
     lora_line(f, m, cfg, d);
     if (m->opt.world > 1) {
@@ -244,13 +257,15 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
     size_t(*rows)[MF_CAT_COUNT] = calloc((size_t)d->L + 1, sizeof *rows);
     if (!rows) return;
     per_layer(p, d->L, rows);
-    fprintf(f, "\n  per layer      params      grads  optimizer activations    scratch\n");
+    int show_master = p->max_cat[MF_CAT_MASTER] != 0;
+    fprintf(f, "\n  per layer      params      grads  optimizer activations    scratch%s\n", show_master ? "     master" : "");
     for (int l = 0; l <= d->L; l++) {
         char lab[16];
         if (l < d->L) snprintf(lab, sizeof lab, "h.%d", l);
         else snprintf(lab, sizeof lab, "other");
         fprintf(f, "  %-10s", lab);
         for (int k = 0; k < 5; k++) fprintf(f, " %10s", sz(rows[l][shown[k]], a));
+        if (show_master) fprintf(f, " %10s", sz(rows[l][MF_CAT_MASTER], a));
         fputc('\n', f);
     }
     free(rows);
@@ -276,6 +291,8 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
     cJSON_AddNumberToObject(o, "batch", m->B);
     cJSON_AddNumberToObject(o, "seq", m->T);
     cJSON_AddStringToObject(o, "recompute", cfg->recompute);
+    cJSON_AddStringToObject(o, "precision", m->mode == MF_MODE_TRAIN ? cfg->precision : "fp32");
+    cJSON_AddBoolToObject(o, "master_weights", m->opt.master);
     cJSON_AddNumberToObject(o, "world_size", m->opt.world > 1 ? m->opt.world : 1);
     cJSON_AddNumberToObject(o, "zero", cfg->zero);
     {

@@ -54,6 +54,10 @@ static const key_row keys[] = {
     {"momentum", T_FLOAT, F(momentum), 0, "0", 0, 0.999999, "sgd momentum, adafactor first-moment decay (0 = none)"},
     {"relative_step", T_BOOL, F(relative_step), 0, "0", 0, 1, "adafactor: step size min(1e-2, 1/sqrt(t)) x RMS(param) instead of lr"},
     {"update_in_backward", T_BOOL, F(update_in_backward), 0, "0", 0, 1, "apply each tensor's update as soon as its gradient is complete and drop the gradient (needs grad_accum 1, grad_clip 0)"},
+    {"precision", T_STR, S(precision), "fp32", 0, 0, "fp32, bf16 or fp16: bf16/fp16 keep GEMM weights and GEMM-input activations in 16 bits (fp32 master weights, optimizer state, gradients and every reduction stay fp32; fp16 adds dynamic loss scaling). Training only; see docs/precision.md"},
+    {"master_weights", T_BOOL, F(master_weights), 0, "1", 0, 1, "with precision bf16: 0 drops the fp32 master copy and updates the bf16 weights with stochastic rounding (as llm.c does)"},
+    {"loss_scale", T_FLOAT, F(loss_scale), 0, "65536", 1, 1e30, "precision fp16: initial dynamic loss scale (GradScaler's 2^16); halved and the step skipped on inf/NaN gradients"},
+    {"loss_scale_interval", T_INT, F(loss_scale_interval), 0, "2000", 1, 1 << 30, "precision fp16: clean steps in a row after which the loss scale doubles (GradScaler's growth_interval)"},
     {"offload", T_STR, S(offload), "", 0, 0, "optimizer=disk:PATH keeps optimizer state in the file PATH, streamed through two windows at the optimizer step (adamw, adamw8bit, sgd)"},
     {"offload_window", T_SIZE, F(offload_window), 0, "16MiB", 0, 0, "bytes of each of the two offload windows"},
     {"grad_clip", T_FLOAT, F(grad_clip), 0, "1.0", 0, BIG, "global gradient-norm clip (0 = off)"},
@@ -184,6 +188,8 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
     if (strcmp(r->key, "tokenizer") == 0 && check_enum(r->key, value, tok)) return -1;
     if (strcmp(r->key, "decay_on") == 0 && check_enum(r->key, value, decay)) return -1;
     if (strcmp(r->key, "optimizer") == 0 && check_enum(r->key, value, opt)) return -1;
+    static const char *const prec[] = {"fp32", "bf16", "fp16", NULL};
+    if (strcmp(r->key, "precision") == 0 && check_enum(r->key, value, prec)) return -1;
     static const char *const plan[] = {"auto", "off", NULL}, *const allow[] = {"", "lossy", NULL};
     if (strcmp(r->key, "plan") == 0 && check_enum(r->key, value, plan)) return -1;
     if (strcmp(r->key, "allow") == 0 && check_enum(r->key, value, allow)) return -1;

@@ -9,14 +9,21 @@
 #include "memfit/dist.h"
 
 #include <mpi.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static int g_init, g_active, g_world = 1, g_rank = 0;
+static int g_init, g_active, g_world = 1, g_rank = 0, g_thread_ok;
 static double g_timeout = 300;
+/* ZeRO 3's prefetch thread and its work (see mf_dist_gather_start) */
+#define GATHER_MAX 64
+static float *g_gx[GATHER_MAX];
+static int64_t g_gn[GATHER_MAX];
+static int g_ng, g_grun, g_grc;
+static pthread_t g_gthr;
 
 static int launched(void) {
     /* Open MPI's mpirun, PMIx and Hydra/Slurm PMI set these */
@@ -45,8 +52,9 @@ int mf_dist_init(void) {
     if (g_init) return 0;
     g_init = 1;
     if (!launched()) return 0;
-    int provided, rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+    int provided, rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
     if (rc != MPI_SUCCESS) return mf_fail("MPI_Init failed (code %d)", rc);
+    g_thread_ok = provided >= MPI_THREAD_SERIALIZED;
     g_active = 1;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
@@ -67,6 +75,7 @@ int mf_dist_rank(void) { return g_rank; }
 int mf_dist_finish(int rc) {
     if (!g_active) return rc;
     g_active = 0;
+    if (rc == 0 && mf_dist_gather_wait()) rc = -1;
     if (rc != 0 && g_world > 1) {
         fflush(stdout);
         fflush(stderr);
@@ -90,6 +99,7 @@ void mf_dist_set_timeout(double seconds) { g_timeout = seconds; }
  * message instead of holding every rank in the collective forever. */
 static int sendrecv(const void *sbuf, int scnt, int dest, void *rbuf, int rcnt, int src, MPI_Datatype dt,
                     int tag, const char *what) {
+    if (g_grun && !pthread_equal(pthread_self(), g_gthr) && mf_dist_gather_wait()) return -1;
     MPI_Request req[2];
     int rc = MPI_Irecv(rbuf, rcnt, dt, src, tag, MPI_COMM_WORLD, &req[0]);
     if (rc == MPI_SUCCESS) rc = MPI_Isend(sbuf, scnt, dt, dest, tag, MPI_COMM_WORLD, &req[1]);
@@ -160,6 +170,48 @@ int mf_dist_allgather(float *x, int64_t n) {
         }
     }
     return 0;
+}
+
+/* ZeRO 3's prefetch: a thread runs the ring all-gathers of the next
+ * block's tensors while the main thread computes this block. The transport
+ * moves data only while some thread is inside MPI, so non-blocking requests
+ * tested between kernels left most of the transfer to the wait (measured
+ * 0.6x of gathering at use on this machine); a thread that blocks in the
+ * ring keeps it moving. MPI runs in THREAD_SERIALIZED mode: every MPI call
+ * of the main thread (sendrecv) first joins the thread. */
+
+static void *gather_thread(void *arg) {
+    (void)arg;
+    for (int i = 0; i < g_ng && !g_grc; i++)
+        if (mf_dist_allgather(g_gx[i], g_gn[i])) g_grc = -1;
+    return NULL;
+}
+
+int mf_dist_gather_wait(void) {
+    if (!g_grun) return 0;
+    pthread_join(g_gthr, NULL);
+    g_grun = 0;
+    g_ng = 0;
+    int rc = g_grc;
+    g_grc = 0;
+    return rc;
+}
+
+int mf_dist_gather_start(float *const *x, const int64_t *n, int k) {
+    if (g_world == 1) return 0;
+    if (mf_dist_gather_wait()) return -1;
+    if (k > GATHER_MAX) return mf_fail("rank %d: %d tensors in one prefetch (at most %d)", g_rank, k, GATHER_MAX);
+    for (int i = 0; i < k; i++) g_gx[i] = x[i], g_gn[i] = n[i];
+    g_ng = k;
+    g_grc = 0;
+    if (g_thread_ok && pthread_create(&g_gthr, NULL, gather_thread, NULL) == 0) {
+        g_grun = 1;
+        return 0;
+    }
+    /* no thread (or MPI without THREAD_SERIALIZED): gather now */
+    gather_thread(NULL);
+    g_ng = 0;
+    return g_grc;
 }
 
 int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n) {

@@ -115,13 +115,28 @@ void mf_zero_model_states(const mf_plan *p, size_t *out) {
     }
 }
 
+/* the full row of tensor x that phase `phase` reads (backward has its own) */
+static float *full_row(mf_model *m, mf_arena *a, const mf_tensor *x, int phase) {
+    float *full = mf_arena_get(a, x->pb >= 0 && phase >= mf_phase_head_bwd(m) ? x->pb : x->p);
+    memcpy(full + x->lo, mf_arena_get(a, x->ps), (size_t)(x->hi - x->lo) * sizeof(float));
+    return full;
+}
+
 int mf_zero_params_needed(mf_model *m, mf_arena *a, int first, int n) {
-    for (int i = first; i < first + n; i++) {
-        mf_tensor *x = &m->tensors[i];
-        int row = x->pb >= 0 && a->phase >= mf_phase_head_bwd(m) ? x->pb : x->p;
-        float *full = mf_arena_get(a, row);
-        memcpy(full + x->lo, mf_arena_get(a, x->ps), (size_t)(x->hi - x->lo) * sizeof(float));
-        if (mf_dist_allgather(full, x->numel)) return -1;
-    }
+    for (int i = first; i < first + n; i++)
+        if (mf_dist_allgather(full_row(m, a, &m->tensors[i], a->phase), m->tensors[i].numel)) return -1;
     return 0;
+}
+
+int mf_zero_params_prefetch(mf_model *m, mf_arena *a, int first, int n) {
+    float *x[MF_LAYER_TENSORS];
+    int64_t numel[MF_LAYER_TENSORS];
+    if (n > MF_LAYER_TENSORS) return mf_fail("prefetch of %d tensors (a block has %d)", n, MF_LAYER_TENSORS);
+    /* the rows the next phase reads: backward's from the head's backward on */
+    int next = a->phase + 1;
+    for (int i = 0; i < n; i++) {
+        x[i] = full_row(m, a, &m->tensors[first + i], next);
+        numel[i] = m->tensors[first + i].numel;
+    }
+    return mf_dist_gather_start(x, numel, n);
 }

@@ -77,6 +77,11 @@ size_t mf_gemm_bf16_scratch_bytes(int M, int N, int K, int tA, int tB, int accum
 
 int mf_gemm_bf16(void *C, const mf_bf16 *A, const mf_bf16 *B, const float *bias, int M, int N, int K,
                  int tA, int tB, int accumulate, int c_bf16, void *scratch) {
+    return mf_gemm_bf16_sized(C, A, B, bias, M, N, K, tA, tB, accumulate, c_bf16, scratch, SIZE_MAX);
+}
+
+int mf_gemm_bf16_sized(void *C, const mf_bf16 *A, const mf_bf16 *B, const float *bias, int M, int N, int K,
+                       int tA, int tB, int accumulate, int c_bf16, void *scratch, size_t scratch_bytes) {
     dnnl_primitive_desc_t pd = describe(M, N, K, tA, tB, accumulate, c_bf16, bias != NULL);
     if (!pd) return -1;
     int rc = -1;
@@ -95,6 +100,7 @@ int mf_gemm_bf16(void *C, const mf_bf16 *A, const mf_bf16 *B, const float *bias,
     int nargs = 0;
     size_t need = scratch_of(pd);
     if (need && !scratch) { mf_fail("bf16 GEMM: %zu bytes of scratch needed, none given", need); goto out; }
+    if (need > scratch_bytes) { mf_fail("bf16 GEMM: %zu bytes of scratch needed, %zu given", need, scratch_bytes); goto out; }
     for (int i = 0; i < 5; i++) {
         if (!ptr[i] || !mds[i] || (i == 4 && !need)) continue;
         if (dnnl_memory_create(&mem[i], mds[i], engine, ptr[i]) != dnnl_success) {

@@ -13,6 +13,7 @@
  * layer's activations only while that layer runs. */
 #include "memfit/model.h"
 #include "memfit/dist.h"
+#include "memfit/half.h"
 #include "memfit/kernels.h"
 
 #include <math.h>
@@ -158,23 +159,39 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
     }
     int last = m->n_phases - 1;
     char nm[64];
-    t->g = t->gs = t->ps = t->pb = -1;
+    t->g = t->gs = t->ps = t->pb = t->mw = -1;
+    /* 16-bit precision: the GEMM weights (every matrix but wpe, which only
+     * the embedding adds) get a 16-bit compute row, plus an fp32 master
+     * row the optimizer updates; vectors stay fp32 (they are their own
+     * master) */
+    int h16 = m->cdt != MF_DTYPE_F32 && ndim == 2 && strcmp(name, "wpe.weight") != 0;
     if (shard && m->opt.zero >= 3) {
         /* ZeRO 3: a rank keeps its shard; the whole tensor is gathered
-         * into a row that lives only in the phases that read it */
-        int p0 = 0, p1 = 0, b0 = -1;
-        if (layer >= 0) p0 = p1 = mf_phase_layer_fwd(m, layer), b0 = mf_phase_layer_bwd(m, layer);
+         * into a row that lives only in the phases that read it. A block's
+         * rows live one phase earlier when prefetching: the phase before
+         * (the block below in forward, above in backward) starts the gather */
+        int p0 = 0, p1 = 0, b0 = -1, b1 = -1;
+        if (layer >= 0) {
+            p1 = mf_phase_layer_fwd(m, layer), b1 = mf_phase_layer_bwd(m, layer);
+            p0 = p1 - (m->prefetch ? 1 : 0), b0 = b1 - (m->prefetch ? 1 : 0);
+        }
         else if (strcmp(name, "wte.weight") == 0) p1 = mf_phase_head_fwd(m);  /* embedding and classifier */
         else if (strcmp(name, "ln_f.weight") == 0 || strcmp(name, "ln_f.bias") == 0)
-            p0 = p1 = mf_phase_head_fwd(m), b0 = mf_phase_head_bwd(m);
+            p0 = p1 = mf_phase_head_fwd(m), b0 = b1 = mf_phase_head_bwd(m);
         snprintf(nm, sizeof nm, "param_shard.%s", name);
         t->ps = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, 1, t->hi - t->lo, 0, 0, 0, 0, last, layer);
         t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, p0, p1, layer);
         if (b0 >= 0) {
             snprintf(nm, sizeof nm, "bwd.%s", name);
-            t->pb = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, b0, b0, layer);
+            t->pb = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, b0, b1, layer);
         }
-    } else t->p = add(ad, name, pcat, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
+    } else {
+        t->p = add(ad, name, pcat, h16 ? m->cdt : MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
+        if (h16 && m->opt.master) {
+            snprintf(nm, sizeof nm, "master.%s", name);
+            t->mw = add(ad, nm, MF_CAT_MASTER, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
+        }
+    }
     for (int i = 0; i < MF_OPTIM_STATES; i++) t->st[i] = -1;
     if (m->mode == MF_MODE_TRAIN && !t->frozen) {
         /* with update_in_backward a gradient lives only from the phase
@@ -222,6 +239,67 @@ static void slot_life(const mf_model *m, int s, int in, int fwd[2], int bwd[2]) 
     }
 }
 
+/* Every 16-bit GEMM shape the model makes on N rows with loss chunks of R
+ * rows: the block matmuls' forward (and backward when training) and the
+ * chunked head (sampling's head on 1 and on min(N, R) rows). fn gets
+ * (M, N, K, tA, tB, accumulate, bias) and returns nonzero to stop. */
+typedef int (*gemm_shape_fn)(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias);
+static int gemm_shapes(int C, int Vp, int N, int R, int train, gemm_shape_fn fn, void *ctx) {
+    /* (in, out) of the four block matmuls; accumulate for the residual ones */
+    const int io[4][3] = {{C, 3 * C, 0}, {C, C, 1}, {C, 4 * C, 0}, {4 * C, C, 1}};
+    for (int k = 0; k < 4; k++) {
+        int ci = io[k][0], oc = io[k][1];
+        if (fn(ctx, N, oc, ci, 0, 0, io[k][2], 1)) return -1;
+        if (train && (fn(ctx, ci, oc, N, 1, 0, 1, 0) || fn(ctx, N, ci, oc, 0, 1, 0, 0))) return -1;
+    }
+    int rows[3] = {R, 1, N < R ? N : R};
+    for (int k = 0; k < 3; k++)
+        if (fn(ctx, rows[k], Vp, C, 0, 1, 0, 0)) return -1;
+    if (!train) return 0;
+    int rl[2] = {R, N % R};  /* the last chunk may be shorter */
+    for (int k = 0; k < 2; k++) {
+        if (!rl[k]) continue;
+        if (fn(ctx, rl[k], Vp, C, 0, 1, 0, 0) || fn(ctx, rl[k], C, Vp, 0, 0, 0, 0) || fn(ctx, Vp, C, rl[k], 1, 0, 1, 0))
+            return -1;
+    }
+    return 0;
+}
+
+typedef struct { mf_dtype dt; size_t mx; } scratch_ctx;
+static int scratch_max(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias) {
+    scratch_ctx *c = ctx;
+    size_t s = mf_gemm16_scratch_bytes(c->dt, M, N, K, tA, tB, acc, bias);
+    if (s == SIZE_MAX) { c->mx = SIZE_MAX; return -1; }
+    if (s > c->mx) c->mx = s;
+    return 0;
+}
+
+/* Scratch bytes of the largest 16-bit GEMM the model makes; SIZE_MAX with
+ * mf_error set if the library cannot run one. */
+static size_t gemm_scratch_need(const mf_model *m, int N) {
+    scratch_ctx c = {m->cdt, 0};
+    gemm_shapes(m->d.C, m->d.Vp, N, m->chunk_rows, m->mode == MF_MODE_TRAIN, scratch_max, &c);
+    return c.mx;
+}
+
+static int warm_one(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias) {
+    mf_dtype dt = *(const mf_dtype *)ctx;
+    size_t sb = mf_gemm16_scratch_bytes(dt, M, N, K, tA, tB, acc, bias);
+    if (sb == SIZE_MAX) return -1;
+    void *a = calloc((size_t)M * K, 2), *b = calloc((size_t)K * N, 2), *s = calloc(sb ? sb : 1, 1);
+    float *c = calloc((size_t)M * N, sizeof(float)), *bi = calloc((size_t)N, sizeof(float));
+    if (a && b && s && c && bi) mf_gemm16(dt, c, a, b, bias ? bi : NULL, M, N, K, tA, tB, acc, s, sb ? sb : 1);
+    free(a); free(b); free(s); free(c); free(bi);
+    return 0;
+}
+
+int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss_chunk, int train) {
+    if (dt == MF_DTYPE_F32) return 0;
+    int64_t N = (int64_t)B * T, R = loss_chunk > 0 && loss_chunk < N ? loss_chunk : N;
+    if (R < B) R = B;
+    return gemm_shapes(d->C, d->Vp, (int)N, (int)R, train, warm_one, &dt);
+}
+
 int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
                   mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute,
                   const mf_optim *opt) {
@@ -243,9 +321,20 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             return mf_fail("lora: update_in_backward is not supported with LoRA (the adapters' state is small); drop it");
         if (mode == MF_MODE_TRAIN && opt->offload_path[0])
             return mf_fail("lora: optimizer offload is not supported with LoRA (the adapters' state is small); drop --offload");
+        if (mode == MF_MODE_TRAIN && opt->compute != MF_DTYPE_F32)
+            return mf_fail("lora: --precision %s is not supported with LoRA yet (use fp32 compute; --base_dtype stores the "
+                           "frozen base in bf16, int8 or nf4)", opt->compute == MF_DTYPE_BF16 ? "bf16" : "fp16");
     }
     m->lora_u = m->lora_du = m->lora_xf = m->lora_xb = -1;
     m->comm = -1;
+    m->pf_first = -1;
+    const char *pf = getenv("MEMFIT_ZERO_PREFETCH");
+    m->prefetch = !(pf && strcmp(pf, "0") == 0);
+    m->cdt = mode == MF_MODE_TRAIN ? m->opt.compute : MF_DTYPE_F32;  /* forward-only plans are fp32 */
+    m->in16 = m->dout16 = m->dlogits16 = m->gemm_scratch = m->upd32 = -1;
+    if (m->cdt != MF_DTYPE_F32 && m->opt.zero >= 1 && m->opt.world > 1)
+        return mf_fail("precision %s with zero %d: ZeRO sharding of 16-bit weights is not supported yet (use zero 0 "
+                       "or precision fp32)", m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16", m->opt.zero);
     if (B < 1 || T < 1) return mf_fail("batch and seq must be >= 1 (got %d, %d)", B, T);
     if (T > d->maxT) return mf_fail("seq %d exceeds the model's block_size %d", T, d->maxT);
     m->d = *d;
@@ -370,40 +459,46 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         /* forward slots are used within the layer's forward only, so a
          * row whose value is dead by then takes over its bytes: attention's
          * output and ln_2 reuse ln_1's row, GELU runs in place on fch */
-#define ACT(field, cheap, fwd_alias, nd, a0, a1, a2, a3) \
+        /* (an alias is taken only when the dtypes match) */
+#define ACT(field, cheap, fwd_alias, dt_, nd, a0, a1, a2, a3) \
         if (whole || (sel && (cheap))) { \
             if (l == s) { \
                 A->field = fwd_alias; \
+                if (A->field >= 0 && plan->bufs[A->field].dtype != (dt_)) A->field = -1; \
                 if (A->field < 0) { \
                     snprintf(nm, sizeof nm, "act.slot%d.fwd." #field, s); \
-                    A->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, fw[0], fw[1], -1); \
+                    A->field = add(&ad, nm, MF_CAT_ACTS, dt_, nd, a0, a1, a2, a3, fw[0], fw[1], -1); \
                 } \
                 R->field = -1; \
                 if (!(in_dmlp && strcmp(#field, "fch_gelu") == 0)) { \
                     snprintf(nm, sizeof nm, "act.slot%d.bwd." #field, s); \
-                    R->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, bw[0], bw[1], -1); \
+                    R->field = add(&ad, nm, MF_CAT_ACTS, dt_, nd, a0, a1, a2, a3, bw[0], bw[1], -1); \
                 } \
             } else A->field = m->acts[s].field, R->field = m->racts[s].field; \
         } else { \
             snprintf(nm, sizeof nm, "act.h.%d." #field, l); \
-            A->field = R->field = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, nd, a0, a1, a2, a3, f, e, l); \
+            A->field = R->field = add(&ad, nm, MF_CAT_ACTS, dt_, nd, a0, a1, a2, a3, f, e, l); \
         }
-        ACT(ln1, 1, -1, 2, N, C, 0, 0);
-        ACT(ln1_mean, 0, -1, 1, N, 0, 0, 0);
-        ACT(ln1_rstd, 0, -1, 1, N, 0, 0, 0);
-        ACT(qkv, 0, -1, 2, N, 3 * C, 0, 0);
-        ACT(lse, 0, -1, 3, B, NH, T, 0);
-        ACT(atty, 0, A->ln1, 2, N, C, 0, 0);
-        ACT(xmid, 0, -1, 2, N, C, 0, 0);
-        ACT(ln2, 1, A->ln1, 2, N, C, 0, 0);
-        ACT(ln2_mean, 0, -1, 1, N, 0, 0, 0);
-        ACT(ln2_rstd, 0, -1, 1, N, 0, 0, 0);
-        ACT(fch, 0, -1, 2, N, 4 * C, 0, 0);
-        ACT(fch_gelu, 1, whole ? A->fch : -1, 2, N, 4 * C, 0, 0);
+        /* 16-bit precision: the outputs GEMMs read (ln_1, ln_2, GELU) are
+         * kept in 16 bits; the attention output stays fp32 (the attention
+         * backward reads it) and is rounded into in16 for its GEMM */
+        const mf_dtype F = MF_DTYPE_F32, H = m->cdt;
+        ACT(ln1, 1, -1, H, 2, N, C, 0, 0);
+        ACT(ln1_mean, 0, -1, F, 1, N, 0, 0, 0);
+        ACT(ln1_rstd, 0, -1, F, 1, N, 0, 0, 0);
+        ACT(qkv, 0, -1, F, 2, N, 3 * C, 0, 0);
+        ACT(lse, 0, -1, F, 3, B, NH, T, 0);
+        ACT(atty, 0, A->ln1, F, 2, N, C, 0, 0);
+        ACT(xmid, 0, -1, F, 2, N, C, 0, 0);
+        ACT(ln2, 1, A->ln1, H, 2, N, C, 0, 0);
+        ACT(ln2_mean, 0, -1, F, 1, N, 0, 0, 0);
+        ACT(ln2_rstd, 0, -1, F, 1, N, 0, 0, 0);
+        ACT(fch, 0, -1, F, 2, N, 4 * C, 0, 0);
+        ACT(fch_gelu, 1, whole ? A->fch : -1, H, 2, N, 4 * C, 0, 0);
 #undef ACT
     }
     int hf = mf_phase_head_fwd(m), hb = train ? mf_phase_head_bwd(m) : hf;
-    m->lnf = add(&ad, "act.ln_f", MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, hf, hb, -1);
+    m->lnf = add(&ad, "act.ln_f", MF_CAT_ACTS, m->cdt, 2, N, C, 0, 0, hf, hb, -1);
     m->lnf_mean = add(&ad, "act.ln_f_mean", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
     m->lnf_rstd = add(&ad, "act.ln_f_rstd", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
     /* the classifier and its loss run a chunk of rows at a time, backward
@@ -449,6 +544,31 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             m->lora_xb = add(&ad, "work.lora_drop.bwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, b0, b1, -1);
         }
     }
+    if (m->cdt != MF_DTYPE_F32 && !ad.err) {
+        /* 16-bit: rounded GEMM operands that are not kept, and the GEMM
+         * library's scratch for the largest call (docs/precision.md) */
+        int g0 = mf_phase_layer_fwd(m, 0), g1 = train ? mf_phase_layer_bwd(m, 0) : hf;
+        m->in16 = add(&ad, "work.gemm_in16", MF_CAT_WORK, m->cdt, 2, N, C, 0, 0, g0, g1, -1);
+        if (train) {
+            m->dout16 = add(&ad, "work.gemm_dout16", MF_CAT_WORK, m->cdt, 2, N, 4 * C, 0, 0,
+                            mf_phase_layer_bwd(m, L - 1), g1, -1);
+            m->dlogits16 = add(&ad, "work.dlogits16", MF_CAT_WORK, m->cdt, 2, m->chunk_rows, d->Vp, 0, 0, hf, hf, -1);
+        }
+        if (train && !m->opt.master) {
+            /* master_weights 0: each 16-bit tensor is widened here, updated,
+             * and rounded back stochastically; the largest is wte */
+            int64_t mx = 0;
+            for (int i = 0; i < m->n_tensors; i++)
+                if (mf_tensor_is16(m, &m->tensors[i]) && m->tensors[i].numel > mx) mx = m->tensors[i].numel;
+            int po = mf_phase_optim(m);
+            m->upd32 = add(&ad, "work.update_f32", MF_CAT_WORK, MF_DTYPE_F32, 1, mx, 0, 0, 0, po, po, -1);
+        }
+        size_t gs = gemm_scratch_need(m, (int)N);
+        if (gs == SIZE_MAX) { mf_model_free(m); return -1; }
+        m->gemm_scratch_bytes = gs;
+        m->gemm_scratch = add(&ad, "work.gemm_scratch", MF_CAT_WORK, MF_DTYPE_U8, 1, (int64_t)(gs ? gs : 1), 0, 0, 0,
+                              g0, g1, -1);
+    }
     if (ad.err) { mf_model_free(m); return -1; }
     return 0;
 }
@@ -473,6 +593,26 @@ void mf_model_zero_state(const mf_model *m, const mf_arena *a, const mf_tensor *
     mf_optim_zero(&m->opt, ptr, t->st, &t->os);
 }
 
+int mf_tensor_weights_row(const mf_tensor *t) { return t->mw >= 0 ? t->mw : t->p; }
+
+int mf_tensor_is16(const mf_model *m, const mf_tensor *t) {
+    return m->cdt != MF_DTYPE_F32 && t->ndim == 2 && strcmp(t->name, "wpe.weight") != 0;
+}
+
+void mf_model_sync_params(const mf_model *m, const mf_arena *a, int first, int n) {
+    for (int i = first; i < first + n; i++) {
+        const mf_tensor *t = &m->tensors[i];
+        if (t->mw >= 0) mf_half_from_f32(m->cdt, mf_arena_ptr(a, t->p), mf_arena_ptr(a, t->mw), (size_t)t->numel);
+    }
+}
+
+/* Stores v as element k of tensor t's weights: fp32, or rounded to 16 bits
+ * when the tensor has no fp32 row (master_weights 0) */
+static void put_w(const mf_model *m, const mf_tensor *t, void *row, int64_t k, float v) {
+    if (t->mw < 0 && mf_tensor_is16(m, t)) ((uint16_t *)row)[k] = m->cdt == MF_DTYPE_BF16 ? mf_f32_to_bf16(v) : mf_f32_to_fp16(v);
+    else ((float *)row)[k] = v;
+}
+
 void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
     mf_rng rng;
     mf_rng_seed(&rng, seed);
@@ -481,22 +621,23 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
         mf_tensor *t = &m->tensors[i];
         if (t->lora) break;  /* the adapters come last: mf_lora_init_weights below */
         /* ZeRO 3: the same values, this rank's shard [lo, hi) of them kept */
-        float *p = t->ps >= 0 ? (float *)mf_arena_ptr(a, t->ps) - t->lo : mf_arena_ptr(a, t->p);
+        void *p = t->ps >= 0 ? (void *)((float *)mf_arena_ptr(a, t->ps) - t->lo) : mf_arena_ptr(a, mf_tensor_weights_row(t));
         int64_t lo = t->ps >= 0 ? t->lo : 0, hi = t->ps >= 0 ? t->hi : t->numel;
         const char *nm = t->name;
         int is_ln_w = strstr(nm, "ln_") && strstr(nm, ".weight");
-        if (is_ln_w) for (int64_t k = lo; k < hi; k++) p[k] = 1.0f;
-        else if (t->ndim == 1) for (int64_t k = lo; k < hi; k++) p[k] = 0.0f;
+        if (is_ln_w) for (int64_t k = lo; k < hi; k++) put_w(m, t, p, k, 1.0f);
+        else if (t->ndim == 1) for (int64_t k = lo; k < hi; k++) put_w(m, t, p, k, 0.0f);
         else {
             float std = strstr(nm, "c_proj.weight") ? proj_std : 0.02f;
             for (int64_t k = 0; k < t->numel; k++) {
                 float v = std * mf_rng_normal(&rng);
-                if (k >= lo && k < hi) p[k] = v;
+                if (k >= lo && k < hi) put_w(m, t, p, k, v);
             }
         }
         if (strcmp(nm, "wte.weight") == 0) /* padding rows stay zero */
             for (int64_t k = t->rows_file * t->shape[1]; k < t->numel; k++)
-                if (k >= lo && k < hi) p[k] = 0.0f;
+                if (k >= lo && k < hi) put_w(m, t, p, k, 0.0f);
+        mf_model_sync_params(m, a, i, 1);
         if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * sizeof(float));
         if (m->mode == MF_MODE_TRAIN && !m->opt.offload_path[0]) mf_model_zero_state(m, a, t);  /* disk: the trainer */
     }
@@ -551,10 +692,24 @@ static float *tensor_p(mf_model *m, mf_arena *a, int i) {
     return mf_arena_get(a, x->pb >= 0 && a->phase >= mf_phase_head_bwd(m) ? x->pb : x->p);
 }
 
-/* ZeRO 3: gathers tensors [first, first+n) for the phase that starts */
+/* ZeRO 3: gathers tensors [first, first+n) for the phase that starts, or
+ * waits for the prefetch that gathers them */
 static void params_need(mf_model *m, mf_arena *a, int first, int n) {
-    if (m->tensors[first].ps >= 0 && !m->comm_err && mf_zero_params_needed(m, a, first, n)) m->comm_err = 1;
+    if (m->tensors[first].ps < 0 || m->comm_err) return;
+    int rc = m->pf_first == first ? mf_dist_gather_wait() : mf_zero_params_needed(m, a, first, n);
+    m->pf_first = -1;
+    if (rc) m->comm_err = 1;
 }
+
+/* ZeRO 3: starts gathering block l's parameters (for the next phase: the
+ * block above in forward, below in backward) while this phase computes */
+static void params_prefetch(mf_model *m, mf_arena *a, int l) {
+    int first = 2 + l * MF_LAYER_TENSORS;
+    if (l < 0 || l >= m->d.L || !m->prefetch || m->tensors[first].ps < 0 || m->comm_err) return;
+    if (mf_zero_params_prefetch(m, a, first, MF_LAYER_TENSORS)) m->comm_err = 1;
+    else m->pf_first = first;
+}
+
 
 /* The GELU output backward reads: its row, or work.dmlp when it is rebuilt
  * right before the layer's backward (see the plan). */
@@ -573,10 +728,32 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
     if (!recompute) {
         mf_arena_phase(a, mf_phase_layer_fwd(m, l));
         params_need(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
+        params_prefetch(m, a, l + 1);
     }
     float *x = BUF(res[l]);
     float *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *lse = BUF(A->lse), *atty = BUF(A->atty);
     float *ln2 = BUF(A->ln2), *fch = BUF(A->fch), *fchg = gelu_out(m, a, A);
+    if (m->cdt != MF_DTYPE_F32) {
+        /* 16-bit: the same block with 16-bit GEMM inputs (see mixed.c) */
+        mf_dtype dt = m->cdt;
+        void *gs = mf_arena_get(a, m->gemm_scratch), *in16 = mf_arena_get(a, m->in16);
+        size_t gb = m->gemm_scratch_bytes;
+        mf_layernorm_forward16(ln1, dt, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
+        mf_matmul16_forward(dt, qkv, ln1, P(l, QKVW), P(l, QKVB), N, C, 3 * C, 0, gs, gb);
+        mf_flash_attention_forward(atty, lse, qkv, B, T, C, NH);
+        float *xmid = BUF(A->xmid);
+        memcpy(xmid, x, (size_t)N * C * sizeof(float));
+        mf_half_from_f32(dt, in16, atty, (size_t)N * C);
+        mf_matmul16_forward(dt, xmid, in16, P(l, PROJW), P(l, PROJB), N, C, C, 1, gs, gb);
+        mf_layernorm_forward16(ln2, dt, BUF(A->ln2_mean), BUF(A->ln2_rstd), xmid, P(l, LN2W), P(l, LN2B), N, C);
+        mf_matmul16_forward(dt, fch, ln2, P(l, FCW), P(l, FCB), N, C, 4 * C, 0, gs, gb);
+        mf_gelu_forward16(fchg, dt, fch, (size_t)N * 4 * C);
+        if (!write_out) return;
+        float *out = BUF(res[l + 1]);
+        memcpy(out, xmid, (size_t)N * C * sizeof(float));
+        mf_matmul16_forward(dt, out, fchg, P(l, FCPW), P(l, FCPB), N, 4 * C, C, 1, gs, gb);
+        return;
+    }
     mf_layernorm_forward(ln1, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
     mf_matmul_forward(qkv, ln1, P(l, QKVW), P(l, QKVB), N, C, 3 * C, 0);
     LORA_FWD(MF_LORA_ATTN_C_ATTN, ln1, qkv);
@@ -612,23 +789,38 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     m->lora_drop = m->lora.r > 0 && m->lora.dropout > 0 && use_targets && dscale != 0.0f && m->mode == MF_MODE_TRAIN;
     mf_arena_phase(a, mf_phase_emb_fwd(m));
     params_need(m, a, WTE, 2);
+    params_prefetch(m, a, 0);
     const int32_t *inp = mf_arena_get(a, m->inputs);
-    mf_encoder_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), tensor_p(m, a, WPE), B, T, C);
+    int h16 = m->cdt != MF_DTYPE_F32;
+    if (h16) mf_encoder_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, tensor_p(m, a, WPE), B, T, C);
+    else mf_encoder_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), tensor_p(m, a, WPE), B, T, C);
     for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T, 0, 1);
     mf_arena_phase(a, mf_phase_head_fwd(m));
     params_need(m, a, LNF_W, 2);
     float *lnf = BUF(m->lnf), *logits = BUF(m->logits);
-    mf_layernorm_forward(lnf, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
-                         tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
+    mf_dtype dt = m->cdt;
+    /* 16-bit: ln_f's output, rows of C 16-bit values */
+    uint16_t *lnf16 = (uint16_t *)lnf;
+    void *gs = h16 ? mf_arena_get(a, m->gemm_scratch) : NULL;
+    size_t gb = m->gemm_scratch_bytes;
+    if (h16) mf_layernorm_forward16(lnf, dt, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
+                                    tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
+    else mf_layernorm_forward(lnf, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
+                              tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
     const float *wte = tensor_p(m, a, WTE);
     int R = m->chunk_rows, Vp = m->d.Vp;
     if (!use_targets) {
         /* sampling: every row if they fit at once, else each sequence's last */
         m->logits_all = R >= N;
-        if (m->logits_all) mf_classifier_forward(logits, lnf, wte, N, C, Vp);
-        else
-            for (int b = 0; b < B; b++)
-                mf_classifier_forward(logits + (size_t)b * Vp, lnf + ((size_t)b * T + T - 1) * C, wte, 1, C, Vp);
+        if (m->logits_all) {
+            if (h16) mf_classifier16_forward(dt, logits, lnf, wte, N, C, Vp, gs, gb);
+            else mf_classifier_forward(logits, lnf, wte, N, C, Vp);
+        } else
+            for (int b = 0; b < B; b++) {
+                size_t row = (size_t)b * T + T - 1;
+                if (h16) mf_classifier16_forward(dt, logits + (size_t)b * Vp, lnf16 + row * C, wte, 1, C, Vp, gs, gb);
+                else mf_classifier_forward(logits + (size_t)b * Vp, lnf + row * C, wte, 1, C, Vp);
+            }
         return 0.0;
     }
     if (dscale != 0.0f && m->mode != MF_MODE_TRAIN) mf_panic("training forward on a forward-only plan");
@@ -636,8 +828,17 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     if (dscale != 0.0f) grads_start(m, a, WTE, 1);
     float *losses = BUF(m->losses), *dln = dscale != 0.0f ? BUF(m->dln) : NULL, *dwte = dln ? tensor_g(m, a, WTE) : NULL;
     double sum = 0;
+    void *dl16 = h16 && dln ? mf_arena_get(a, m->dlogits16) : NULL;
     for (int r0 = 0; r0 < N; r0 += R) {
         int rows = N - r0 < R ? N - r0 : R;
+        if (h16) {
+            /* logits and the loss in fp32; the rounded d(logits) feeds both GEMMs */
+            const uint16_t *x = lnf16 + (size_t)r0 * C;
+            mf_classifier16_forward(dt, logits, x, wte, rows, C, Vp, gs, gb);
+            sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
+            if (dln) mf_classifier16_backward(dt, dln + (size_t)r0 * C, dwte, logits, dl16, x, wte, rows, C, Vp, gs, gb);
+            continue;
+        }
         const float *x = lnf + (size_t)r0 * C;
         mf_classifier_forward(logits, x, wte, rows, C, Vp);
         sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
@@ -652,6 +853,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     int C = m->d.C, NH = m->d.NH, N = B * T, L = m->d.L;
     mf_arena_phase(a, mf_phase_head_bwd(m));
     params_need(m, a, LNF_W, 2);
+    params_prefetch(m, a, L - 1);
     /* the classifier's backward ran with the loss; dln holds d(ln_f output) */
     float *dln = BUF(m->dln), *dres = BUF(m->dres);
     memset(dres, 0, (size_t)N * C * sizeof(float));
@@ -662,6 +864,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     for (int l = L - 1; l >= 0; l--) {
         mf_arena_phase(a, mf_phase_layer_bwd(m, l));
         params_need(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
+        params_prefetch(m, a, l - 1);
         grads_start(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
         int sg = m->seg, s0 = sg ? l / sg * sg : 0;
         if (sg && l == (s0 + sg - 1 < L - 1 ? s0 + sg - 1 : L - 1)) {
@@ -671,7 +874,12 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
         }
         if (l < m->auto_k) layer_forward(m, a, l, B, T, 1, 0);
         const mf_layer_acts *A = &m->racts[l];
-        if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE) {
+        if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE && m->cdt != MF_DTYPE_F32) {
+            mf_dtype dt = m->cdt;
+            mf_layernorm_forward16(BUF(A->ln1), dt, BUF(A->ln1_mean), BUF(A->ln1_rstd), BUF(m->rres[l]), P(l, LN1W), P(l, LN1B), N, C);
+            mf_layernorm_forward16(BUF(A->ln2), dt, BUF(A->ln2_mean), BUF(A->ln2_rstd), BUF(A->xmid), P(l, LN2W), P(l, LN2B), N, C);
+            mf_gelu_forward16(gelu_out(m, a, A), dt, BUF(A->fch), (size_t)N * 4 * C);
+        } else if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE) {
             /* rebuild the element-wise outputs from the kept inputs; the
              * statistics come out bit-identical to the forward's */
             mf_layernorm_forward(BUF(A->ln1), BUF(A->ln1_mean), BUF(A->ln1_rstd), BUF(m->rres[l]), P(l, LN1W), P(l, LN1B), N, C);
@@ -679,6 +887,27 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
             mf_gelu_forward(gelu_out(m, a, A), BUF(A->fch), (size_t)N * 4 * C);
         }
         float *dbig = BUF(m->dbig), *dqkv = BUF(m->dqkv);
+        if (m->cdt != MF_DTYPE_F32) {
+            /* 16-bit: the same backward; each GEMM rounds its output
+             * gradient into dout16, weight gradients accumulate in fp32 */
+            mf_dtype dt = m->cdt;
+            void *gs = mf_arena_get(a, m->gemm_scratch), *d16 = mf_arena_get(a, m->dout16), *in16 = mf_arena_get(a, m->in16);
+            size_t gb = m->gemm_scratch_bytes;
+            mf_matmul16_backward(dt, dbig, G(l, FCPW), G(l, FCPB), dres, d16, gelu_out(m, a, A), P(l, FCPW), N, 4 * C, C, gs, gb);
+            mf_gelu_backward(dbig, BUF(A->fch), dbig, (size_t)N * 4 * C);
+            mf_matmul16_backward(dt, dln, G(l, FCW), G(l, FCB), dbig, d16, BUF(A->ln2), P(l, FCW), N, C, 4 * C, gs, gb);
+            mf_layernorm_backward(dres, G(l, LN2W), G(l, LN2B), dln, BUF(A->xmid), P(l, LN2W),
+                                  BUF(A->ln2_mean), BUF(A->ln2_rstd), N, C);
+            mf_half_from_f32(dt, in16, BUF(A->atty), (size_t)N * C);
+            mf_matmul16_backward(dt, dln, G(l, PROJW), G(l, PROJB), dres, d16, in16, P(l, PROJW), N, C, C, gs, gb);
+            mf_flash_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
+                                        B, T, C, NH);
+            mf_matmul16_backward(dt, dln, G(l, QKVW), G(l, QKVB), dqkv, d16, BUF(A->ln1), P(l, QKVW), N, C, 3 * C, gs, gb);
+            mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->rres[l]), P(l, LN1W),
+                                  BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
+            grads_done(m, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
+            continue;
+        }
         /* MLP: out = xmid + gelu(ln2 @ Wfc + b) @ Wfcp + b; the GELU output
          * may live in dbig itself (matmul_backward reads inp before it
          * writes dinp) */

@@ -31,6 +31,21 @@ int mf_optim_init(mf_optim *o, const mf_config *cfg) {
     /* an update applied while backward runs sees one micro-batch's
      * gradient and cannot know the global norm yet */
     o->in_backward = cfg->update_in_backward;
+    /* mixed precision (docs/precision.md) */
+    if (strcmp(cfg->precision, "fp32") == 0) o->compute = MF_DTYPE_F32;
+    else if (strcmp(cfg->precision, "bf16") == 0) o->compute = MF_DTYPE_BF16;
+    else if (strcmp(cfg->precision, "fp16") == 0) o->compute = MF_DTYPE_F16;
+    else return mf_fail("precision '%s' is not one of fp32, bf16, fp16", cfg->precision);
+    o->master = o->compute != MF_DTYPE_F32 && cfg->master_weights;
+    if (o->compute == MF_DTYPE_F16 && !cfg->master_weights)
+        return mf_fail("master_weights 0 needs precision bf16: fp16 weights updated in place lose small updates "
+                       "and have no loss-scale-safe rounding here; keep master_weights 1 with fp16");
+    if (o->compute == MF_DTYPE_F16 && cfg->update_in_backward)
+        return mf_fail("precision fp16 cannot update in backward: a step with inf/NaN gradients must be skipped whole "
+                       "(loss scaling); use precision bf16, or turn update_in_backward off");
+    if (o->compute == MF_DTYPE_BF16 && !cfg->master_weights && (cfg->update_in_backward || cfg->offload[0]))
+        return mf_fail("master_weights 0 cannot be combined with update_in_backward or offload yet; "
+                       "keep master_weights 1");
     if (o->in_backward && cfg->grad_accum > 1)
         return mf_fail("update_in_backward needs grad_accum 1 (each update would see one micro-batch); "
                        "raise batch instead, or turn update_in_backward off");

@@ -11,10 +11,11 @@
 /* ---- the axes -----------------------------------------------------------
  * One axis is a config key and its candidate values. "micro_batch" is the
  * one pseudo-key: it sets batch and grad_accum so that their product stays
- * the effective batch (gradients identical to the big batch). Precision and
- * LoRA join as axes here when they land. */
+ * the effective batch (gradients identical to the big batch); "precision"
+ * values are fp32, bf16 and bf16:nomaster (bf16 with master_weights 0).
+ * LoRA joins as an axis here when it lands. */
 #define MAX_VALS 24
-#define N_AXES 5
+#define N_AXES 6
 typedef struct {
     const char *key;
     int n;
@@ -78,6 +79,22 @@ static int build_axes(axis *ax, const mf_config *cfg, int eff, int allow_lossy, 
             axis_add(&ax[4], o, 0);
         }
     }
+    /* precision (docs/precision.md): bf16 changes the maths, so it is a
+     * candidate only when lossy settings are allowed; with or without fp32
+     * master weights (the smaller); fp16 is never faster or smaller than
+     * bf16 here, so it is only kept when asked for */
+    ax[5].key = "precision";
+    if (mf_config_was_set(cfg, "precision") || mf_config_was_set(cfg, "master_weights")) {
+        snprintf(v, sizeof v, "%s%s", cfg->precision,
+                 strcmp(cfg->precision, "bf16") == 0 && !cfg->master_weights ? ":nomaster" : "");
+        axis_add(&ax[5], v, 0);
+    } else {
+        axis_add(&ax[5], cfg->precision, 0);
+        if (allow_lossy && strcmp(cfg->precision, "fp32") == 0) {
+            axis_add(&ax[5], "bf16", 1);
+            axis_add(&ax[5], "bf16:nomaster", 1);
+        }
+    }
     return 0;
 }
 
@@ -86,6 +103,13 @@ static int axis_set(mf_config *c, const axis *a, int i, int eff) {
         c->batch = atoi(a->val[i]);
         c->grad_accum = eff / c->batch;
         return 0;
+    }
+    if (strcmp(a->key, "precision") == 0) {
+        int nomaster = strstr(a->val[i], ":nomaster") != NULL;
+        char p[8];
+        snprintf(p, sizeof p, "%.*s", (int)strcspn(a->val[i], ":"), a->val[i]);
+        c->master_weights = !nomaster;
+        return mf_config_set(c, "precision", p);
     }
     return mf_config_set(c, a->key, a->val[i]);
 }
@@ -145,6 +169,8 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
             ch.batch = c.batch;
             ch.grad_accum = c.grad_accum;
             snprintf(ch.optimizer, sizeof ch.optimizer, "%s", c.optimizer);
+            snprintf(ch.precision, sizeof ch.precision, "%s", c.precision);
+            ch.master = m.opt.master;
             ch.update_in_backward = c.update_in_backward;
             ch.offload = c.offload[0] != 0;
             ch.lossy = lossy;
@@ -174,6 +200,7 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
         mf_planner_choice *x = &out->c[i];
         if (strcmp(x->recompute, cfg->recompute) == 0 && x->batch == cfg->batch && x->grad_accum == req_accum &&
             strcmp(x->optimizer, cfg->optimizer) == 0 && x->update_in_backward == cfg->update_in_backward &&
+            strcmp(x->precision, cfg->precision) == 0 && (strcmp(x->precision, "fp32") == 0 || x->master == cfg->master_weights) &&
             x->offload == (cfg->offload[0] != 0))
             out->requested = i;
         if (out->smallest < 0 || x->need < out->c[out->smallest].need ||
@@ -213,8 +240,10 @@ int mf_planner_apply(const mf_planner_choice *c, const char *offload_path, mf_co
     cfg->batch = c->batch;
     cfg->grad_accum = c->grad_accum;
     if (mf_config_set(cfg, "recompute", c->recompute) || mf_config_set(cfg, "optimizer", c->optimizer) ||
-        mf_config_set(cfg, "update_in_backward", c->update_in_backward ? "1" : "0"))
+        mf_config_set(cfg, "update_in_backward", c->update_in_backward ? "1" : "0") ||
+        (c->precision[0] && mf_config_set(cfg, "precision", c->precision)))
         return -1;
+    if (strcmp(cfg->precision, "fp32") != 0) cfg->master_weights = c->master;
     if (c->offload && !cfg->offload[0]) {
         snprintf(v, sizeof v, "optimizer=disk:%s", offload_path);
         if (mf_config_set(cfg, "offload", v)) return -1;
@@ -226,8 +255,11 @@ char *mf_planner_describe(const mf_planner_choice *c, char *buf, size_t n) {
     char rc[32];
     if (strcmp(c->recompute, "auto") == 0) snprintf(rc, sizeof rc, "auto(%d blocks)", c->auto_k);
     else snprintf(rc, sizeof rc, "%s", c->recompute);
-    snprintf(buf, n, "recompute %s, batch %d x accum %d, %s%s%s", rc, c->batch, c->grad_accum, c->optimizer,
-             c->update_in_backward ? ", update_in_backward" : "", c->offload ? ", offload disk" : "");
+    char pr[32] = "";
+    if (c->precision[0] && strcmp(c->precision, "fp32") != 0)
+        snprintf(pr, sizeof pr, ", %s%s", c->precision, c->master ? "" : " no master");
+    snprintf(buf, n, "recompute %s, batch %d x accum %d, %s%s%s%s", rc, c->batch, c->grad_accum, c->optimizer,
+             c->update_in_backward ? ", update_in_backward" : "", c->offload ? ", offload disk" : "", pr);
     return buf;
 }
 
@@ -304,11 +336,12 @@ void mf_planner_print_json(FILE *f, const mf_planner_result *r) {
     for (int i = 0; i < r->n; i++) {
         const mf_planner_choice *c = &r->c[i];
         fprintf(f, "%s\n{\"index\":%d,\"recompute\":\"%s\",\"auto_blocks\":%d,\"batch\":%d,\"grad_accum\":%d,"
-                   "\"optimizer\":\"%s\",\"update_in_backward\":%d,\"offload\":%d,\"lossy\":%d,"
+                   "\"optimizer\":\"%s\",\"precision\":\"%s\",\"master_weights\":%d,\"update_in_backward\":%d,\"offload\":%d,\"lossy\":%d,"
                    "\"arena_bytes\":%zu,\"disk_bytes\":%zu,\"process_bytes\":%zu,\"need_bytes\":%zu,\"gemm_flops\":%.0f,"
                    "\"attn_flops\":%.0f,\"elem_bytes\":%.0f,\"io_bytes\":%.0f,\"pred_step_s\":%.6f,"
                    "\"fits\":%s,\"frontier\":%s,\"chosen\":%s}",
-                i ? "," : "", i, c->recompute, c->auto_k, c->batch, c->grad_accum, c->optimizer, c->update_in_backward,
+                i ? "," : "", i, c->recompute, c->auto_k, c->batch, c->grad_accum, c->optimizer, c->precision, c->master,
+                c->update_in_backward,
                 c->offload, c->lossy, c->arena_bytes, c->disk_bytes, c->process, c->need, c->gemm_flops, c->attn_flops,
                 c->elem_bytes, c->io_bytes, c->pred_s, c->fits ? "true" : "false", c->frontier ? "true" : "false",
                 c->chosen ? "true" : "false");

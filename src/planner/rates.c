@@ -2,6 +2,7 @@
  * (calibration, cached per host and thread count) and a planned model's
  * work per optimizer step at those rates. */
 #include "memfit/planner.h"
+#include "memfit/half.h"
 #include "memfit/kernels.h"
 #include "memfit/optim.h"
 #include "memfit/train.h"
@@ -16,6 +17,12 @@
 
 static const int gemm_widths[MF_RATES_GEMM_SIZES] = {128, 256, 512, 768};
 static const int gemm_rows[MF_RATES_GEMM_ROWS] = {64, 256, 1024};
+
+typedef struct { int M, K, N; mf_bf16 *a, *b; float *c; void *s; size_t sb; } gemm16_ctx;
+static void run_gemm16(void *p) {
+    gemm16_ctx *g = p;
+    mf_gemm_bf16_sized(g->c, g->a, g->b, NULL, g->M, g->N, g->K, 0, 0, 0, 0, g->s, g->sb);
+}
 
 /* Repeats fn until at least min_s have passed (and at least twice); the
  * fastest repetition's seconds. The first call warms caches and is not
@@ -121,6 +128,15 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
             double s = best_of(run_gemm, &g, 0.06);
             r->gemm_c[i] = gemm_widths[i];
             r->gemm_gflops[j][i] = 2.0 * g.M * g.K * g.N / s / 1e9;
+            /* the same shape in bf16 (zero operands: the rate does not
+             * depend on the values) */
+            gemm16_ctx h = {g.M, g.K, g.N, calloc((size_t)g.M * g.K, 2), calloc((size_t)g.K * g.N, 2), g.c, NULL, 0};
+            h.sb = mf_gemm_bf16_scratch_bytes(g.M, g.N, g.K, 0, 0, 0, 0, 0);
+            h.s = h.sb != SIZE_MAX ? malloc(h.sb ? h.sb : 1) : NULL;
+            if (h.a && h.b && h.s && mf_gemm_bf16_sized(h.c, h.a, h.b, NULL, h.M, h.N, h.K, 0, 0, 0, 0, h.s, h.sb) == 0)
+                r->gemm16_gflops[j][i] = 2.0 * g.M * g.K * g.N / best_of(run_gemm16, &h, 0.06) / 1e9;
+            else r->gemm16_gflops[j][i] = r->gemm_gflops[j][i];  /* oneDNN cannot run: bf16 is not offered faster */
+            free(h.a); free(h.b); free(h.s);
             free(g.a); free(g.b); free(g.c);
         }
     }
@@ -129,6 +145,9 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
     for (int j = 1; j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
             if (r->gemm_gflops[j][i] < r->gemm_gflops[j - 1][i]) r->gemm_gflops[j][i] = r->gemm_gflops[j - 1][i];
+    for (int j = 1; j < MF_RATES_GEMM_ROWS; j++)
+        for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
+            if (r->gemm16_gflops[j][i] < r->gemm16_gflops[j - 1][i]) r->gemm16_gflops[j][i] = r->gemm16_gflops[j - 1][i];
     /* attention: B 2, T 256, 4 heads of 64 */
     {
         attn_ctx x = {2, 256, 256, 4, NULL, NULL, NULL, NULL, NULL, NULL};
@@ -210,18 +229,19 @@ static void cache_path(char *buf, size_t n, int nthreads) {
     char dir[MF_PATH_MAX], host[128] = "host";
     gethostname(host, sizeof host - 1);
     for (char *p = host; *p; p++) if (*p == '/') *p = '_';
-    snprintf(buf, n, "%s/rates-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, nthreads);
+    /* the format version is in the name: binaries of other versions keep their own file */
+    snprintf(buf, n, "%s/rates-v4-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, nthreads);
 }
 
 static int rates_load(mf_rates *r, const char *path, int nthreads) {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     memset(r, 0, sizeof *r);
-    int ok = fscanf(f, "memfit-rates 3 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
+    int ok = fscanf(f, "memfit-rates 4 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
     for (int j = 0; ok && j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; ok && i < MF_RATES_GEMM_SIZES; i++)
-            ok = fscanf(f, "gemm %d %d %lf\n", &r->gemm_m[j], &r->gemm_c[i], &r->gemm_gflops[j][i]) == 3 &&
-                 r->gemm_gflops[j][i] > 0;
+            ok = fscanf(f, "gemm %d %d %lf %lf\n", &r->gemm_m[j], &r->gemm_c[i], &r->gemm_gflops[j][i],
+                        &r->gemm16_gflops[j][i]) == 4 && r->gemm_gflops[j][i] > 0 && r->gemm16_gflops[j][i] > 0;
     ok = ok && fscanf(f, "attn %lf\nelem %lf\ndisk %lf\ncalib_s %lf\n", &r->attn_gflops, &r->elem_gbs, &r->disk_gbs,
                       &r->calib_s) == 4 && r->attn_gflops > 0 && r->elem_gbs > 0;
     for (int k = 0; ok && k < 4; k++) ok = fscanf(f, "optim %lf\n", &r->optim_mps[k]) == 1 && r->optim_mps[k] > 0;
@@ -234,10 +254,10 @@ static void rates_save(const mf_rates *r, const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return;  /* no cache folder: calibrate next time too */
-    fprintf(f, "memfit-rates 3 threads %d\n", r->threads);
+    fprintf(f, "memfit-rates 4 threads %d\n", r->threads);
     for (int j = 0; j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
-            fprintf(f, "gemm %d %d %.6g\n", r->gemm_m[j], r->gemm_c[i], r->gemm_gflops[j][i]);
+            fprintf(f, "gemm %d %d %.6g %.6g\n", r->gemm_m[j], r->gemm_c[i], r->gemm_gflops[j][i], r->gemm16_gflops[j][i]);
     fprintf(f, "attn %.6g\nelem %.6g\ndisk %.6g\ncalib_s %.3f\n", r->attn_gflops, r->elem_gbs, r->disk_gbs, r->calib_s);
     for (int k = 0; k < 4; k++) fprintf(f, "optim %.6g\n", r->optim_mps[k]);
     if (fclose(f) == 0) rename(tmp, path);
@@ -274,15 +294,18 @@ static void locate(const int *v, int n, double x, int *i, double *f) {
     *f = log(x / v[k - 1]) / log((double)v[k] / v[k - 1]);
 }
 
-double mf_rates_gemm(const mf_rates *r, int C, int M) {
+static double interp(const mf_rates *r, const double (*g)[MF_RATES_GEMM_SIZES], int C, int M) {
     int i, j;
     double fc, fm;
     locate(r->gemm_c, MF_RATES_GEMM_SIZES, C, &i, &fc);
     locate(r->gemm_m, MF_RATES_GEMM_ROWS, M, &j, &fm);
-    double lo = r->gemm_gflops[j][i] + fc * (r->gemm_gflops[j][i + 1] - r->gemm_gflops[j][i]);
-    double hi = r->gemm_gflops[j + 1][i] + fc * (r->gemm_gflops[j + 1][i + 1] - r->gemm_gflops[j + 1][i]);
+    double lo = g[j][i] + fc * (g[j][i + 1] - g[j][i]);
+    double hi = g[j + 1][i] + fc * (g[j + 1][i + 1] - g[j + 1][i]);
     return lo + fm * (hi - lo);
 }
+
+double mf_rates_gemm(const mf_rates *r, int C, int M) { return interp(r, r->gemm_gflops, C, M); }
+double mf_rates_gemm16(const mf_rates *r, int C, int M) { return interp(r, r->gemm16_gflops, C, M); }
 
 /* The work of one optimizer step of a planned model.
  * GEMM FLOPs: a block's matmuls are 2N(3C^2 + C^2 + 4C^2 + 4C^2) forward,
@@ -309,6 +332,11 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
     double gemm = 3 * (d->L * blk_mm + head) + nrec * blk_mm;
     double attn = 3.5 * d->L * attn_f + nrec * attn_f;
     double elem = 4.0 * (3 * d->L * 18 * N * C + nrec * 18 * N * C + (sel ? d->L * 12 * N * C : 0) + 2 * N * d->Vp);
+    /* 16-bit: rounding every GEMM's output gradient and the attention
+     * output (backward: 10 NC read + write per block, forward 2 NC) and the
+     * head's d(logits); the master weights rounded into their copies */
+    int h16 = m->cdt != MF_DTYPE_F32;
+    if (h16) elem += 4.0 * (d->L * 12 * N * C + N * d->Vp) + 6.0 * (double)p->total_cat[MF_CAT_MASTER] / 4;
     int accum = c->grad_accum > 0 ? c->grad_accum : 1;
     /* zeroing the gradients and their norm: two passes over them */
     double grads = (double)p->total_cat[MF_CAT_GRADS];
@@ -320,7 +348,9 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
     c->io_bytes = 2.0 * p->disk_bytes;
     c->optim_params = nparams;
     double disk = r->disk_gbs > 0 ? r->disk_gbs : r->elem_gbs;
-    c->pred_s = c->gemm_flops / (mf_rates_gemm(r, d->C, m->B * m->T) * 1e9) + c->attn_flops / (r->attn_gflops * 1e9) +
+    /* bf16 GEMMs at their own calibrated rate; fp16 widens to fp32 sgemm */
+    double grate = m->cdt == MF_DTYPE_BF16 ? mf_rates_gemm16(r, d->C, m->B * m->T) : mf_rates_gemm(r, d->C, m->B * m->T);
+    c->pred_s = c->gemm_flops / (grate * 1e9) + c->attn_flops / (r->attn_gflops * 1e9) +
                 c->elem_bytes / (r->elem_gbs * 1e9) + c->io_bytes / (disk * 1e9) +
                 nparams / (r->optim_mps[m->opt.kind] * 1e6);
     return c->pred_s;

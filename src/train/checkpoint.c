@@ -18,6 +18,7 @@
 #include "memfit/dist.h"
 #include "memfit/io.h"
 #include "memfit/train.h"
+#include "memfit/half.h"
 
 #include <inttypes.h>
 #include <sys/mman.h>
@@ -75,14 +76,18 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
             n++;
             continue;
         }
+        /* the fp32 master weights under 16-bit precision; bf16 weights as
+         * they are with master_weights 0 */
+        int wr = mf_tensor_weights_row(x);
+        mf_dtype wdt = t->plan.bufs[wr].dtype;
         snprintf(names[n], 64, "%s", x->name);
         e[n].name = names[n];
-        e[n].dtype = MF_DTYPE_F32;
+        e[n].dtype = wdt;
         e[n].ndim = x->ndim;
         e[n].shape[0] = x->rows_file;
         e[n].shape[1] = x->shape[1];
-        e[n].data = mf_arena_ptr(&t->arena, x->p);
-        e[n].nbytes = (size_t)(x->rows_file * (x->ndim > 1 ? x->shape[1] : 1)) * sizeof(float);
+        e[n].data = mf_arena_ptr(&t->arena, wr);
+        e[n].nbytes = (size_t)(x->rows_file * (x->ndim > 1 ? x->shape[1] : 1)) * mf_dtype_size(wdt);
         if (zero3(t)) {  /* weights: gathered tensor by tensor as the writer reaches them */
             pr[i] = (param_reader){(mf_trainer *)t, i};
             e[n].data = NULL;
@@ -143,12 +148,15 @@ static int save(const mf_trainer *t, const char *path_in, int with_optim) {
     snprintf(step, sizeof step, "%d", t->step);
     snprintf(pos, sizeof pos, "%" PRIu64, t->data_pos);
     snprintf(rng, sizeof rng, "%" PRIu64, t->rng.s);
+    /* fp16's loss scaler: scale, clean steps, skipped steps (resume repeats it) */
+    char scaler[96];
+    snprintf(scaler, sizeof scaler, "%.9g,%d,%lld", (double)t->scaler.scale, t->scaler.clean, (long long)t->scaler.skipped);
     int rc = mf_config_to_yaml(&t->cfg, cfg, 1 << 16);
     const char *keys[] = {"format", "dims", "tokenizer", "step", "data_pos", "rng", "optimizer", "config",
-                          "world_size", "rank", "zero"};
+                          "world_size", "rank", "zero", "loss_scaler"};
     const char *vals[] = {with_optim ? CKPT_FORMAT : "memfit-weights-1", dims, t->d.tokenizer, step, pos, rng,
-                          mf_optim_name(t->model.opt.kind), cfg, world, rank, zero};
-    if (rc == 0) rc = mf_st_write(path, e, n, keys, vals, with_optim ? 11 : 3);
+                          mf_optim_name(t->model.opt.kind), cfg, world, rank, zero, scaler};
+    if (rc == 0) rc = mf_st_write(path, e, n, keys, vals, with_optim ? 12 : 3);
     free(pr);
     free(e);
     free(names);
@@ -196,20 +204,31 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
     }
     if (!s) return mf_fail("%s: tensor '%s' is missing", path, name);
     int64_t want[2] = {x->rows_file, x->shape[1]};
-    int ok = s->dtype == MF_DTYPE_F32 && s->ndim == x->ndim && s->shape[0] == want[0] &&
+    /* the row's dtype (fp32, or bf16 weights without a master copy, which
+     * also take fp32 files rounded to nearest-even) */
+    mf_dtype rdt = t->plan.bufs[id].dtype;
+    int to16 = rdt == MF_DTYPE_BF16 && s->dtype == MF_DTYPE_F32, to32 = rdt == MF_DTYPE_F32 && s->dtype == MF_DTYPE_BF16;
+    int ok = (s->dtype == rdt || to16 || to32) && s->ndim == x->ndim && s->shape[0] == want[0] &&
              (x->ndim == 1 || s->shape[1] == want[1]);
     if (!ok) {
         char a[64], b[64];
         shape_str(a, sizeof a, s->ndim, s->shape);
         shape_str(b, sizeof b, x->ndim, want);
-        return mf_fail("%s: tensor '%s' is %s %s, the model needs F32 %s", path, name,
-                       mf_dtype_name(s->dtype), a, b);
+        return mf_fail("%s: tensor '%s' is %s %s, the model needs %s %s", path, name,
+                       mf_dtype_name(s->dtype), a, mf_dtype_name(rdt), b);
     }
-    float *dst = mf_arena_ptr(&t->arena, id);
-    copy_and_drop(dst, s->data, s->nbytes);
+    void *dst = mf_arena_ptr(&t->arena, id);
+    size_t have = s->nbytes;
+    if (to16) {
+        mf_bf16_from_f32(dst, s->data, s->nbytes / sizeof(float));
+        have = s->nbytes / 2;
+    } else if (to32) {  /* bf16 weights (master_weights 0) widen exactly */
+        mf_f32_from_bf16(dst, s->data, s->nbytes / 2);
+        have = s->nbytes * 2;
+    } else copy_and_drop(dst, s->data, s->nbytes);
     /* padding rows (wte beyond V) stay zero */
-    size_t rest = (size_t)(x->numel * (int64_t)sizeof(float)) - s->nbytes;
-    if (rest) memset((char *)dst + s->nbytes, 0, rest);
+    size_t rest = (size_t)(x->numel * (int64_t)mf_dtype_size(rdt)) - have;
+    if (rest) memset((char *)dst + have, 0, rest);
     return 0;
 }
 
@@ -275,7 +294,8 @@ int mf_trainer_load_weights(mf_trainer *t, const char *path) {
     for (int i = 0; i < t->model.n_tensors && !rc; i++) {
         const mf_tensor *x = &t->model.tensors[i];
         if (x->lora) continue;  /* the base only; adapters come from --adapter */
-        rc = load_tensor(t, &f, path, "", x, x->p);
+        rc = load_tensor(t, &f, path, "", x, mf_tensor_weights_row(x));
+        if (!rc) mf_model_sync_params(&t->model, &t->arena, i, 1);
         /* ZeRO 3: keep this rank's shard (the full row is free outside the step) */
         if (!rc && x->ps >= 0)
             memcpy(mf_arena_ptr(&t->arena, x->ps), (float *)mf_arena_ptr(&t->arena, x->p) + x->lo,
@@ -328,7 +348,8 @@ int mf_trainer_load_checkpoint(mf_trainer *t, const char *path_in) {
         rc = mf_fail("%s holds %s state but the run uses optimizer %s", path, opt, mf_optim_name(m->opt.kind));
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const mf_tensor *x = &m->tensors[i];
-        rc = x->ps >= 0 && train ? load_state_row(t, &f, path, x->ps) : load_tensor(t, &f, path, "", x, x->p);
+        rc = x->ps >= 0 && train ? load_state_row(t, &f, path, x->ps) : load_tensor(t, &f, path, "", x, mf_tensor_weights_row(x));
+        if (!rc) mf_model_sync_params(m, &t->arena, i, 1);
         for (int k = 0; train && k < MF_OPTIM_STATES && !rc; k++)
             if (x->st[k] >= 0) rc = load_state_row(t, &f, path, x->st[k]);
     }
@@ -336,6 +357,17 @@ int mf_trainer_load_checkpoint(mf_trainer *t, const char *path_in) {
         char *e1, *e2, *e3;
         long s = strtol(step, &e1, 10);
         unsigned long long p = strtoull(pos, &e2, 10), r = strtoull(rng, &e3, 10);
+        const char *ls = mf_st_meta(&f, "loss_scaler");
+        if (ls && t->use_scaler && train) {
+            double sc;
+            int cl;
+            long long sk;
+            if (sscanf(ls, "%lg,%d,%lld", &sc, &cl, &sk) == 3 && sc > 0) {
+                t->scaler.scale = (float)sc;
+                t->scaler.clean = cl;
+                t->scaler.skipped = sk;
+            }
+        }
         if (*e1 || *e2 || *e3 || s < 0) rc = mf_fail("%s: bad checkpoint metadata", path);
         else {
             t->step = (int)s;

@@ -109,7 +109,7 @@ static int chunk_fn(void *ctx, int k, void *buf, size_t len) {
         mf_optim_zero_range(&t->model.opt, st, x->st, &x->os, c->e0, c->n);
         return 0;
     }
-    float *p = (float *)mf_arena_get(&t->arena, x->p) + c->e0;
+    float *p = (float *)mf_arena_get(&t->arena, mf_tensor_weights_row(x)) + c->e0;
     const float *g = (const float *)mf_arena_get(&t->arena, x->g) + c->e0;
     mf_optim_update_range(&t->model.opt, st, p, g, &x->os, c->n, (float)t->lr,
                           x->decay ? (float)t->cfg.weight_decay : 0.0f, t->step + 1, s->gscale);

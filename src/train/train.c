@@ -2,6 +2,7 @@
  * step, validation and sampling. */
 #include "memfit/train.h"
 #include "memfit/dist.h"
+#include "memfit/half.h"
 #include "memfit/kernels.h"
 #include "memfit/optim.h"
 
@@ -252,6 +253,8 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     t->T = cfg->seq ? cfg->seq : t->d.maxT;
     if (t->T > t->d.maxT) return mf_fail("seq %d exceeds the model's block_size %d", t->T, t->d.maxT);
     mf_rng_seed(&t->rng, cfg->seed ^ 0x5EED5A3Dull);
+    t->use_scaler = mode == MF_MODE_TRAIN && strcmp(cfg->precision, "fp16") == 0;
+    mf_scaler_init(&t->scaler, (float)cfg->loss_scale, cfg->loss_scale_interval);
     int need_tok = cfg->sample_tokens > 0 || !cfg->data[0];
     if (need_tok && load_tokenizer(t)) goto fail;
     if (open_data(t)) goto fail;
@@ -268,6 +271,11 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     if (search && mf_planner_rates(&t->rates, t->nthreads, 0, NULL)) goto fail;
     /* everything outside the arena exists now: measure the baseline */
     mf_blas_warmup(&t->d, t->B * t->T);
+    if (mode == MF_MODE_TRAIN) {
+        mf_optim o;
+        if (mf_optim_init(&o, cfg)) goto fail;
+        mf_model_gemm16_warmup(&t->d, o.compute, t->B, t->T, cfg->loss_chunk, 1);
+    }
     mf_ledger_init(&t->ledger);
     t->ledger.rss_baseline = mf_rss_current();
 
@@ -327,10 +335,26 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
         void *st[MF_OPTIM_STATES];
         for (int k = 0; k < MF_OPTIM_STATES; k++) st[k] = x->st[k] >= 0 ? mf_arena_get(a, x->st[k]) : NULL;
         /* ZeRO >= 1: this rank's shard (lo, hi) of the tensor; stage 2 keeps the gradient's shard apart */
-        float *p = x->ps >= 0 ? (float *)mf_arena_get(a, x->ps) : (float *)mf_arena_get(a, x->p) + x->lo;
+        /* 16-bit precision: the fp32 master row is updated, then rounded
+         * into the compute copy */
         const float *g = x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo;
+        if (x->mw < 0 && mf_tensor_is16(m, x)) {
+            /* master_weights 0: widen the bf16 weights (exact), update in
+             * fp32, round back stochastically (llm.c), from a counter-based
+             * stream of (seed, step, tensor) so runs and resumes repeat */
+            float *w32 = mf_arena_get(a, m->upd32);
+            mf_bf16 *w16 = mf_arena_get(a, x->p);
+            mf_f32_from_bf16(w32, w16, (size_t)x->numel);
+            mf_optim_update(&m->opt, st, w32, g, &x->os, (float)t->lr,
+                            x->decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
+            uint64_t seed = c->seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)(t->step + 1) << 16) ^ (uint64_t)i;
+            mf_bf16_from_f32_sr(w16, w32, (size_t)x->numel, seed, 0);
+            continue;
+        }
+        float *p = x->ps >= 0 ? (float *)mf_arena_get(a, x->ps) : (float *)mf_arena_get(a, mf_tensor_weights_row(x)) + x->lo;
         mf_optim_update(&m->opt, st, p, g, &x->os, (float)t->lr,
                         x->decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
+        mf_model_sync_params(m, a, i, 1);
     }
 }
 
@@ -362,6 +386,9 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
     mf_arena *a = &t->arena;
     int accum = t->cfg.grad_accum;
     float dscale = 1.0f / ((float)t->B * (float)t->world * (float)t->T * (float)accum);
+    /* fp16: the backward runs on loss * scale (GradScaler), unscaled below */
+    float lscale = t->use_scaler ? t->scaler.scale : 1.0f;
+    dscale *= lscale;
     t->lr = mf_lr_at(&t->cfg, t->step);
     t->uib_sumsq = 0;
     t->uib_bad = 0;
@@ -387,7 +414,29 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
         if (mf_dist_sum_doubles(&l, 1)) return -1;
         loss = l;
     } else sumsq = uib ? t->uib_sumsq : grad_sumsq(t, 0, m->n_tensors);
+    int skipped = 0;
+    if (t->use_scaler) {
+        /* gradients back to the unscaled loss; inf/NaN anywhere skips the
+         * update (weights and optimizer state untouched) and halves the scale */
+        if (t->inject_overflow) {
+            ((float *)mf_arena_get(a, m->tensors[0].g))[0] = INFINITY;
+            t->inject_overflow = 0;
+        }
+        int found_inf = 0;
+        for (int i = 0; i < m->n_tensors; i++)
+            found_inf |= mf_scaler_unscale(&t->scaler, mf_arena_get(a, m->tensors[i].g), (size_t)m->tensors[i].numel);
+        skipped = mf_scaler_update(&t->scaler, found_inf);
+        sumsq = skipped ? INFINITY : grad_sumsq(t, 0, m->n_tensors);
+    }
     double norm = sqrt(sumsq);
+    if (skipped) {
+        /* the step counts (learning-rate schedule, AdamW's step number) but
+         * nothing is updated */
+        t->step++;
+        if (st) *st = (mf_step_stats){loss, t->lr, norm, mf_time_now() - t0, 0, lscale, 1};
+        if (st) st->tok_s = (double)t->B * t->world * t->T * accum / st->seconds;
+        return 0;
+    }
     if (!isfinite(loss) || !isfinite(norm))
         return mf_fail("step %d: loss or gradient is not finite (loss %g, grad norm %g); lower lr%s", t->step + 1, loss,
                        norm, uib ? " (update_in_backward: tensors updated before the bad gradient keep their update; "
@@ -399,6 +448,7 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
         for (int i = 0; i < m->n_tensors; i++)
             if (m->tensors[i].st[0] < 0 && !m->tensors[i].frozen) update_tensors(t, i, 1, gscale);
         if (mf_offstate_step(t, gscale)) return -1;
+        mf_model_sync_params(m, a, 0, m->n_tensors);  /* 16-bit copies of the streamed master rows */
     } else if (!uib) update_tensors(t, 0, m->n_tensors, gscale);
     if (mf_zero_gather_params(m, a)) return -1;
     t->step++;
@@ -408,6 +458,8 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
         st->grad_norm = norm;
         st->seconds = mf_time_now() - t0;
         st->tok_s = (double)t->B * t->world * t->T * accum / st->seconds;
+        st->loss_scale = t->use_scaler ? lscale : 0.0;
+        st->skipped = 0;
     }
     return 0;
 }

@@ -1,0 +1,195 @@
+/* Mixed-precision kernels: the fp32 layers of cpu.c with a 16-bit (bf16 or
+ * fp16) output where that output feeds a GEMM, and GEMMs on 16-bit
+ * operands with fp32 accumulation and fp32 output (see memfit/kernels.h).
+ *
+ * Every reduction stays fp32: LayerNorm statistics are computed exactly as
+ * mf_layernorm_forward computes them (same loops, same order), so the saved
+ * mean and rstd are bit-identical to the fp32 path's; only the stored
+ * output is rounded (nearest-even). bf16 GEMMs go to oneDNN's matmul
+ * (AVX512_BF16 here, oneDNN's own fallback elsewhere). oneDNN 2.6 has no
+ * fast fp16 matmul on this CPU, so fp16 GEMMs convert K-blocks of both
+ * operands to fp32 in the caller's scratch and call sgemm: fp16 keeps fp16
+ * storage semantics but is a memory feature here, not a speed one. */
+#include "memfit/kernels.h"
+#include "memfit/core.h"
+#include "memfit/half.h"
+#include "vmath.h"
+
+#include <cblas.h>
+#include <math.h>
+
+#define MF_PAR_MIN 4096
+#define MF_F16_KB 128 /* K rows of each operand converted at a time (fp16 GEMM) */
+
+static inline uint16_t round16(mf_dtype dt, float x) {
+    return dt == MF_DTYPE_BF16 ? mf_f32_to_bf16(x) : mf_f32_to_fp16(x);
+}
+static inline float widen16(mf_dtype dt, uint16_t h) {
+    return dt == MF_DTYPE_BF16 ? mf_bf16_to_f32(h) : mf_fp16_to_f32(h);
+}
+
+void mf_half_from_f32(mf_dtype dt, void *out, const float *in, size_t n) {
+    if (dt == MF_DTYPE_BF16) mf_bf16_from_f32(out, in, n);
+    else mf_fp16_from_f32(out, in, n);
+}
+
+void mf_f32_from_half(mf_dtype dt, float *out, const void *in, size_t n) {
+    if (dt == MF_DTYPE_BF16) mf_f32_from_bf16(out, in, n);
+    else mf_f32_from_fp16(out, in, n);
+}
+
+void mf_encoder_forward16(float *out, const int32_t *inp, const void *wte, mf_dtype dt,
+                          const float *wpe, int B, int T, int C) {
+    const int N = B * T;
+    const uint16_t *w = wte;
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * C;
+        const uint16_t *we = w + (size_t)inp[n] * C;
+        const float *pe = wpe + (size_t)(n % T) * C;
+        for (int c = 0; c < C; c++) o[c] = widen16(dt, we[c]) + pe[c];
+    }
+}
+
+void mf_layernorm_forward16(void *out, mf_dtype dt, float *mean, float *rstd, const float *inp,
+                            const float *w, const float *b, int N, int C) {
+    const float eps = 1e-5f;
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        uint16_t *o = (uint16_t *)out + (size_t)n * C;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int c = 0; c < C; c++) s += x[c];
+        const float m = s / (float)C;
+        float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+        for (int c = 0; c < C; c++) {
+            const float d = x[c] - m;
+            v += d * d;
+        }
+        const float r = 1.0f / sqrtf(v / (float)C + eps);
+        for (int c = 0; c < C; c++) o[c] = round16(dt, (x[c] - m) * r * w[c] + b[c]);
+        mean[n] = m;
+        rstd[n] = r;
+    }
+}
+
+#define GELU_K 0.7978845608028654f
+#define GELU_A 0.044715f
+
+void mf_gelu_forward16(void *out, mf_dtype dt, const float *inp, size_t n) {
+    uint16_t *o = out;
+    const size_t blk = 1024;
+    const size_t nb = (n + blk - 1) / blk;
+    /* the fp32 formula (vectorised into a stack block), then rounded */
+#pragma omp parallel for schedule(static) if (n >= MF_PAR_MIN)
+    for (size_t k = 0; k < nb; k++) {
+        float tmp[1024];
+        size_t i0 = k * blk, m = n - i0 < blk ? n - i0 : blk;
+#pragma omp simd
+        for (size_t i = 0; i < m; i++) {
+            const float x = inp[i0 + i];
+            tmp[i] = 0.5f * x * (1.0f + mf_vtanhf(GELU_K * (x + GELU_A * x * x * x)));
+        }
+        for (size_t i = 0; i < m; i++) o[i0 + i] = round16(dt, tmp[i]);
+    }
+}
+
+/* ---- GEMM -------------------------------------------------------------- */
+
+/* fp16: C = op(A) @ op(B) summed over K-blocks of MF_F16_KB, each block of
+ * both operands widened to fp32 (exact) into scratch first. */
+static size_t f16_scratch(int M, int N, int K) {
+    size_t kb = K < MF_F16_KB ? (size_t)K : MF_F16_KB;
+    return kb * ((size_t)M + (size_t)N) * sizeof(float);
+}
+
+static void f16_gemm(float *C, const mf_fp16 *A, const mf_fp16 *B, int M, int N, int K, int tA, int tB,
+                     float beta, float *scratch) {
+    const int kbmax = K < MF_F16_KB ? K : MF_F16_KB;
+    float *a = scratch, *b = scratch + (size_t)M * kbmax;
+    for (int k0 = 0; k0 < K; k0 += kbmax) {
+        const int kb = K - k0 < kbmax ? K - k0 : kbmax;
+        /* a (M,kb) = op(A)[:, k0:k0+kb]; b (kb,N) = op(B)[k0:k0+kb, :] */
+#pragma omp parallel for schedule(static) if ((size_t)M * kb >= MF_PAR_MIN)
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < kb; k++)
+                a[(size_t)i * kb + k] = mf_fp16_to_f32(tA ? A[(size_t)(k0 + k) * M + i] : A[(size_t)i * K + k0 + k]);
+#pragma omp parallel for schedule(static) if ((size_t)N * kb >= MF_PAR_MIN)
+        for (int j = 0; j < N; j++)
+            for (int k = 0; k < kb; k++)
+                b[(size_t)k * N + j] = mf_fp16_to_f32(tB ? B[(size_t)j * K + k0 + k] : B[(size_t)(k0 + k) * N + j]);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, kb, 1.0f, a, kb, b, N, k0 ? 1.0f : beta, C, N);
+    }
+}
+
+size_t mf_gemm16_scratch_bytes(mf_dtype dt, int M, int N, int K, int tA, int tB, int accumulate, int bias) {
+    if (dt == MF_DTYPE_F16) return f16_scratch(M, N, K);
+    return mf_gemm_bf16_scratch_bytes(M, N, K, tA, tB, accumulate, 0, bias);
+}
+
+void mf_gemm16(mf_dtype dt, float *C, const void *A, const void *B, const float *bias, int M, int N, int K,
+               int tA, int tB, int accumulate, void *scratch, size_t scratch_bytes) {
+    if (M <= 0 || N <= 0) return;
+    if (dt == MF_DTYPE_BF16) {
+        /* one primitive description per call: the size check is inside */
+        if (K <= 0) mf_panic("bf16 GEMM with K = 0");
+        if (mf_gemm_bf16_sized(C, A, B, bias, M, N, K, tA, tB, accumulate, 0, scratch, scratch_bytes))
+            mf_panic("bf16 GEMM %dx%dx%d failed (a memfit bug: the plan sized its scratch): %s", M, N, K, mf_error());
+        return;
+    }
+    if (f16_scratch(M, N, K) > scratch_bytes)
+        mf_panic("fp16 GEMM %dx%dx%d needs %zu bytes of scratch, %zu planned", M, N, K, f16_scratch(M, N, K), scratch_bytes);
+    float beta = accumulate ? 1.0f : 0.0f;
+    if (bias) {
+#pragma omp parallel for schedule(static) if ((size_t)M * N >= MF_PAR_MIN)
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * N + j] = (accumulate ? C[(size_t)i * N + j] : 0.0f) + bias[j];
+        beta = 1.0f;
+    }
+    if (K <= 0) {
+        if (!bias && !accumulate)
+            for (size_t i = 0; i < (size_t)M * N; i++) C[i] = 0.0f;
+        return;
+    }
+    f16_gemm(C, A, B, M, N, K, tA, tB, beta, scratch);
+}
+
+void mf_matmul16_forward(mf_dtype dt, float *out, const void *inp, const void *w, const float *bias, int N, int C,
+                         int OC, int accumulate, void *scratch, size_t scratch_bytes) {
+    mf_gemm16(dt, out, inp, w, bias, N, OC, C, 0, 0, accumulate, scratch, scratch_bytes);
+}
+
+void mf_matmul16_backward(mf_dtype dt, float *dinp, float *dw, float *dbias, const float *dout, void *dout16,
+                          const void *inp, const void *w, int N, int C, int OC, void *scratch, size_t scratch_bytes) {
+    if (N <= 0 || C <= 0 || OC <= 0) return;
+    mf_half_from_f32(dt, dout16, dout, (size_t)N * OC);
+    /* dw (C,OC) += inp^T @ dout first: inp may live in dinp's buffer */
+    mf_gemm16(dt, dw, inp, dout16, NULL, C, OC, N, 1, 0, 1, scratch, scratch_bytes);
+    if (dinp) mf_gemm16(dt, dinp, dout16, w, NULL, N, C, OC, 0, 1, 0, scratch, scratch_bytes);
+    if (dbias) {
+        /* column sums of the fp32 gradient, in row order per column */
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= MF_PAR_MIN)
+        for (int j0 = 0; j0 < OC; j0 += 64) {
+            int j1 = j0 + 64 < OC ? j0 + 64 : OC;
+            float acc[64] = {0};
+            for (int n = 0; n < N; n++)
+                for (int j = j0; j < j1; j++) acc[j - j0] += dout[(size_t)n * OC + j];
+            for (int j = j0; j < j1; j++) dbias[j] += acc[j - j0];
+        }
+    }
+}
+
+void mf_classifier16_forward(mf_dtype dt, float *logits, const void *x, const void *wte, int N, int C, int Vp,
+                             void *scratch, size_t scratch_bytes) {
+    mf_gemm16(dt, logits, x, wte, NULL, N, Vp, C, 0, 1, 0, scratch, scratch_bytes);
+}
+
+void mf_classifier16_backward(mf_dtype dt, float *dx, float *dwte, const float *dlogits, void *dlogits16,
+                              const void *x, const void *wte, int N, int C, int Vp, void *scratch,
+                              size_t scratch_bytes) {
+    mf_half_from_f32(dt, dlogits16, dlogits, (size_t)N * Vp);
+    mf_gemm16(dt, dx, dlogits16, wte, NULL, N, C, Vp, 0, 0, 0, scratch, scratch_bytes);
+    mf_gemm16(dt, dwte, dlogits16, x, NULL, Vp, C, N, 1, 0, 1, scratch, scratch_bytes);
+}
