@@ -41,6 +41,7 @@ typedef struct {
     float alpha;       /* scaling = alpha / r */
     float dropout;     /* probability an input element is dropped, [0, 1) */
     unsigned targets;  /* bit k set: target k has an adapter */
+    int base;          /* storage of the frozen base's Conv1D weights: an mf_quant_kind (0 = fp32) */
 } mf_lora_cfg;
 
 /* Parses "r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,..."

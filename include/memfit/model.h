@@ -83,6 +83,8 @@ typedef struct {
                          * gathers into (p is then the one forward gathers into); else -1 */
     int lora;           /* a LoRA adapter matrix (lora_A / lora_B; category adapter) */
     int frozen;         /* a base weight under LoRA: no gradient, no optimizer state (g = -1) */
+    int qkind;          /* frozen Conv1D weight stored quantised (mf_quant_kind; 0 = fp32): row p is
+                         * mf_quant_bytes(qkind, numel) U8 bytes, multiplied through quant.h's GEMMs */
 } mf_tensor;
 
 typedef struct {
@@ -144,6 +146,7 @@ typedef struct {
     uint64_t lora_seed;   /* dropout seed (the run's seed) */
     uint64_t lora_micro;  /* micro-step counter the trainer sets before each training forward */
     int lora_drop;        /* dropout is on in the last forward (training forward with dropout > 0) */
+    int qscr_f, qscr_b;   /* quantised base: GEMM scratch rows in forward / backward layer phases, else -1 */
 } mf_model;
 
 /* Phases of one micro-step (lifetimes are ranges of these). */
@@ -187,6 +190,9 @@ void mf_lora_init_weights(mf_model *m, mf_arena *a, uint64_t seed);
  * every name and shape against the model's adapters (r, targets, layers). */
 int mf_lora_save_adapter(const mf_model *m, const mf_arena *a, const char *dir, const char *base_name);
 int mf_lora_load_adapter(mf_model *m, mf_arena *a, const char *dir);
+/* Set-up only: an arena row (not persistent, so free outside the step) of at
+ * least n floats to stage a weight before it is packed, or NULL. */
+float *mf_model_stage(const mf_model *m, const mf_arena *a, int64_t n);
 /* Trainable parameters (all of them without LoRA, the adapters' with it). */
 int64_t mf_model_n_trainable(const mf_model *m);
 

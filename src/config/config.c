@@ -5,6 +5,7 @@
 #include "memfit/model.h"
 #include "memfit/monitor.h"
 #include "memfit/lora.h"
+#include "memfit/quant.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -95,7 +96,7 @@ static const key_row keys[] = {
     {"log_every", T_INT, F(log_every), 0, "1", 1, 1 << 30, "print a log line every N steps"},
     {"progress", T_INT, F(progress), 0, "-1", -1, 1, "progress bar: -1 when stdout is a terminal, 0 off, 1 on"},
     {"lora", T_STR, S(lora), "", 0, 0, "LoRA adapters on a frozen base: r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj (empty = full fine-tuning)"},
-    {"base_dtype", T_STR, S(base_dtype), "fp32", 0, 0, "with lora: how the frozen base is stored: fp32"},
+    {"base_dtype", T_STR, S(base_dtype), "fp32", 0, 0, "with lora: how the frozen base's block weights are stored: fp32, bf16, int8 (absmax blocks of 64) or nf4 (QLoRA NF4, double-quantised constants); dequantised a tile at a time inside the GEMM"},
     {"adapter", T_STR, S(adapter), "", 0, 0, "with lora: start from the adapter in this folder (adapter_model.safetensors, PEFT layout)"},
     {"save_adapter", T_STR, S(save_adapter), "", 0, 0, "with lora: write adapter_model.safetensors and adapter_config.json (PEFT layout) into this folder at the end"},
 };
@@ -198,10 +199,9 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
         mf_lora_cfg lc;
         if (mf_lora_parse(value, &lc)) return mf_fail("config key 'lora': %s", mf_error());
     }
-    if (strcmp(r->key, "base_dtype") == 0 && strcmp(value, "fp32") != 0) {
-        static const char *const later[] = {"bf16", "int8", "nf4", NULL};
-        if (check_enum(r->key, value, later)) return mf_fail("config key 'base_dtype': '%s' is not one of fp32, bf16, int8, nf4", value);
-        return mf_fail("config key 'base_dtype': %s is not available yet in this build (quantised bases need the quant module); use fp32", value);
+    if (strcmp(r->key, "base_dtype") == 0) {
+        int k;
+        if (mf_quant_parse(value, &k)) return mf_fail("config key 'base_dtype': %s", mf_error());
     }
     c->set_by_user[idx] = 1;
     return 0;

@@ -15,6 +15,7 @@
 #include "memfit/dist.h"
 #include "memfit/half.h"
 #include "memfit/kernels.h"
+#include "memfit/quant.h"
 
 #include <math.h>
 #include <omp.h>
@@ -150,6 +151,9 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
     /* LoRA: the adapters are trainable (category adapter), the base is frozen */
     t->lora = strstr(name, ".lora_") != NULL;
     t->frozen = m->lora.r > 0 && !t->lora;
+    /* --base_dtype: the frozen Conv1D weights (2-D, inside a block) are
+     * stored quantised; embeddings, LayerNorms and biases stay fp32 */
+    t->qkind = t->frozen && ndim == 2 && layer >= 0 ? m->lora.base : 0;
     mf_cat pcat = t->lora ? MF_CAT_ADAPTER : MF_CAT_PARAMS, gcat = t->lora ? MF_CAT_ADAPTER : MF_CAT_GRADS;
     int shard = m->opt.zero >= 1 && m->opt.world > 1;
     if (shard) {
@@ -185,7 +189,9 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
             snprintf(nm, sizeof nm, "bwd.%s", name);
             t->pb = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, b0, b1, layer);
         }
-    } else {
+    } else if (t->qkind)
+        t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_U8, 1, (int64_t)mf_quant_bytes(t->qkind, t->numel), 0, 0, 0, 0, last, layer);
+    else {
         t->p = add(ad, name, pcat, h16 ? m->cdt : MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
         if (h16 && m->opt.master) {
             snprintf(nm, sizeof nm, "master.%s", name);
@@ -325,7 +331,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             return mf_fail("lora: --precision %s is not supported with LoRA yet (use fp32 compute; --base_dtype stores the "
                            "frozen base in bf16, int8 or nf4)", opt->compute == MF_DTYPE_BF16 ? "bf16" : "fp16");
     }
-    m->lora_u = m->lora_du = m->lora_xf = m->lora_xb = -1;
+    m->lora_u = m->lora_du = m->lora_xf = m->lora_xb = m->qscr_f = m->qscr_b = -1;
     m->comm = -1;
     m->pf_first = -1;
     const char *pf = getenv("MEMFIT_ZERO_PREFETCH");
@@ -543,6 +549,17 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             m->lora_xf = add(&ad, "work.lora_drop.fwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, f0, f1, -1);
             m->lora_xb = add(&ad, "work.lora_drop.bwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, b0, b1, -1);
         }
+        if (m->lora.base) {
+            /* quantised base: the tile of dequantised rows the GEMMs use */
+            static const int kin[4] = {1, 1, 1, 4}, kout[4] = {3, 1, 4, 1};
+            int64_t qs = 0;
+            for (int k = 0; k < 4; k++) {
+                int64_t b = (int64_t)mf_quant_matmul_scratch_bytes(m->lora.base, (int)N, (int)(kin[k] * C), (int)(kout[k] * C));
+                if (b > qs) qs = b;
+            }
+            m->qscr_f = add(&ad, "work.quant_gemm.fwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, f0, f1, -1);
+            if (train) m->qscr_b = add(&ad, "work.quant_gemm.bwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, b0, b1, -1);
+        }
     }
     if (m->cdt != MF_DTYPE_F32 && !ad.err) {
         /* 16-bit: rounded GEMM operands that are not kept, and the GEMM
@@ -613,6 +630,19 @@ static void put_w(const mf_model *m, const mf_tensor *t, void *row, int64_t k, f
     else ((float *)row)[k] = v;
 }
 
+/* Set-up only (outside the step, when no non-persistent row is alive): an
+ * arena row of at least n floats to stage a weight in before it is packed,
+ * or NULL (the caller then uses the heap). */
+float *mf_model_stage(const mf_model *m, const mf_arena *a, int64_t n) {
+    const mf_plan *p = a->plan;
+    for (int i = 0; i < p->n; i++) {
+        const mf_buf *b = &p->bufs[i];
+        if (!b->disk && !(b->first == 0 && b->last == m->n_phases - 1) && b->bytes >= (size_t)n * sizeof(float))
+            return mf_arena_ptr(a, i);
+    }
+    return NULL;
+}
+
 void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
     mf_rng rng;
     mf_rng_seed(&rng, seed);
@@ -622,6 +652,11 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
         if (t->lora) break;  /* the adapters come last: mf_lora_init_weights below */
         /* ZeRO 3: the same values, this rank's shard [lo, hi) of them kept */
         void *p = t->ps >= 0 ? (void *)((float *)mf_arena_ptr(a, t->ps) - t->lo) : mf_arena_ptr(a, mf_tensor_weights_row(t));
+        float *heap = NULL;
+        if (t->qkind) {  /* a quantised base weight: drawn in fp32, then packed */
+            p = mf_model_stage(m, a, t->numel);
+            if (!p && !(p = heap = malloc((size_t)t->numel * sizeof(float)))) mf_panic("out of memory staging %s", t->name);
+        }
         int64_t lo = t->ps >= 0 ? t->lo : 0, hi = t->ps >= 0 ? t->hi : t->numel;
         const char *nm = t->name;
         int is_ln_w = strstr(nm, "ln_") && strstr(nm, ".weight");
@@ -638,6 +673,10 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
             for (int64_t k = t->rows_file * t->shape[1]; k < t->numel; k++)
                 if (k >= lo && k < hi) put_w(m, t, p, k, 0.0f);
         mf_model_sync_params(m, a, i, 1);
+        if (t->qkind) {
+            mf_quant_pack((mf_quant_kind)t->qkind, mf_arena_ptr(a, t->p), p, t->numel);
+            free(heap);
+        }
         if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * sizeof(float));
         if (m->mode == MF_MODE_TRAIN && !m->opt.offload_path[0]) mf_model_zero_state(m, a, t);  /* disk: the trainer */
     }
@@ -690,6 +729,35 @@ static float *tensor_g(mf_model *m, mf_arena *a, int i) {
 static float *tensor_p(mf_model *m, mf_arena *a, int i) {
     const mf_tensor *x = &m->tensors[i];
     return mf_arena_get(a, x->pb >= 0 && a->phase >= mf_phase_head_bwd(m) ? x->pb : x->p);
+}
+
+/* The base's linear layers: out = inp @ W + b (+ resid when non-NULL);
+ * dinp = dout @ W^T (+ dW, db when they have gradients). A quantised frozen
+ * W (--base_dtype) goes through quant.h's tile-dequantising GEMMs. */
+static void *quant_scratch(mf_model *m, mf_arena *a) {
+    return mf_arena_get(a, m->mode == MF_MODE_TRAIN && a->phase >= mf_phase_head_bwd(m) ? m->qscr_b : m->qscr_f);
+}
+static void linear_fwd(mf_model *m, mf_arena *a, int l, int k, float *out, const float *inp, const float *resid,
+                       int N, int K, int OC) {
+    const mf_tensor *w = &m->tensors[2 + l * MF_LAYER_TENSORS + k];
+    if (!w->qkind) {
+        if (resid) memcpy(out, resid, (size_t)N * OC * sizeof(float));
+        mf_matmul_forward(out, inp, P(l, k), P(l, k + 1), N, K, OC, resid != NULL);
+        return;
+    }
+    mf_quant_matmul_forward(out, inp, P(l, k), P(l, k + 1), N, K, OC, (mf_quant_kind)w->qkind, quant_scratch(m, a));
+    if (resid)
+        for (size_t i = 0; i < (size_t)N * OC; i++) out[i] += resid[i];
+}
+static void linear_bwd(mf_model *m, mf_arena *a, int l, int k, float *dinp, const float *dout, const float *inp,
+                       int N, int K, int OC) {
+    const mf_tensor *w = &m->tensors[2 + l * MF_LAYER_TENSORS + k];
+    if (!w->qkind) {
+        mf_matmul_backward(dinp, G(l, k), G(l, k + 1), dout, inp, P(l, k), N, K, OC);
+        return;
+    }
+    memset(dinp, 0, (size_t)N * K * sizeof(float));
+    mf_quant_matmul_backward_input(dinp, dout, P(l, k), N, K, OC, (mf_quant_kind)w->qkind, quant_scratch(m, a));
 }
 
 /* ZeRO 3: gathers tensors [first, first+n) for the phase that starts, or
@@ -755,7 +823,7 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
         return;
     }
     mf_layernorm_forward(ln1, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
-    mf_matmul_forward(qkv, ln1, P(l, QKVW), P(l, QKVB), N, C, 3 * C, 0);
+    linear_fwd(m, a, l, QKVW, qkv, ln1, NULL, N, C, 3 * C);
     LORA_FWD(MF_LORA_ATTN_C_ATTN, ln1, qkv);
     /* FlashAttention: only the output and each row's log-sum-exp are kept;
      * the T x T scores are recomputed tile by tile in backward */
@@ -764,17 +832,15 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
      * residual stream, so it never needs a buffer of its own; xmid is kept
      * because ln_2's backward needs its input */
     float *xmid = BUF(A->xmid);
-    memcpy(xmid, x, (size_t)N * C * sizeof(float));
-    mf_matmul_forward(xmid, atty, P(l, PROJW), P(l, PROJB), N, C, C, 1);
+    linear_fwd(m, a, l, PROJW, xmid, atty, x, N, C, C);
     LORA_FWD(MF_LORA_ATTN_C_PROJ, atty, xmid);
     mf_layernorm_forward(ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), xmid, P(l, LN2W), P(l, LN2B), N, C);
-    mf_matmul_forward(fch, ln2, P(l, FCW), P(l, FCB), N, C, 4 * C, 0);
+    linear_fwd(m, a, l, FCW, fch, ln2, NULL, N, C, 4 * C);
     LORA_FWD(MF_LORA_MLP_C_FC, ln2, fch);
     mf_gelu_forward(fchg, fch, (size_t)N * 4 * C);
     if (!write_out) return;
     float *out = BUF(res[l + 1]);
-    memcpy(out, xmid, (size_t)N * C * sizeof(float));
-    mf_matmul_forward(out, fchg, P(l, FCPW), P(l, FCPB), N, 4 * C, C, 1);
+    linear_fwd(m, a, l, FCPW, out, fchg, xmid, N, 4 * C, C);
     LORA_FWD(MF_LORA_MLP_C_PROJ, fchg, out);
 }
 
@@ -912,22 +978,22 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
          * may live in dbig itself (matmul_backward reads inp before it
          * writes dinp) */
         LORA_BWD_P(MF_LORA_MLP_C_PROJ, dres, gelu_out(m, a, A));
-        mf_matmul_backward(dbig, G(l, FCPW), G(l, FCPB), dres, gelu_out(m, a, A), P(l, FCPW), N, 4 * C, C);
+        linear_bwd(m, a, l, FCPW, dbig, dres, gelu_out(m, a, A), N, 4 * C, C);
         LORA_BWD_X(MF_LORA_MLP_C_PROJ, dbig);
         mf_gelu_backward(dbig, BUF(A->fch), dbig, (size_t)N * 4 * C);
         LORA_BWD_P(MF_LORA_MLP_C_FC, dbig, BUF(A->ln2));
-        mf_matmul_backward(dln, G(l, FCW), G(l, FCB), dbig, BUF(A->ln2), P(l, FCW), N, C, 4 * C);
+        linear_bwd(m, a, l, FCW, dln, dbig, BUF(A->ln2), N, C, 4 * C);
         LORA_BWD_X(MF_LORA_MLP_C_FC, dln);
         mf_layernorm_backward(dres, G(l, LN2W), G(l, LN2B), dln, BUF(A->xmid), P(l, LN2W),
                               BUF(A->ln2_mean), BUF(A->ln2_rstd), N, C);
         /* attention: xmid = x + attn(ln1(x)) @ Wproj + b */
         LORA_BWD_P(MF_LORA_ATTN_C_PROJ, dres, BUF(A->atty));
-        mf_matmul_backward(dln, G(l, PROJW), G(l, PROJB), dres, BUF(A->atty), P(l, PROJW), N, C, C);
+        linear_bwd(m, a, l, PROJW, dln, dres, BUF(A->atty), N, C, C);
         LORA_BWD_X(MF_LORA_ATTN_C_PROJ, dln);
         mf_flash_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
                                     B, T, C, NH);
         LORA_BWD_P(MF_LORA_ATTN_C_ATTN, dqkv, BUF(A->ln1));
-        mf_matmul_backward(dln, G(l, QKVW), G(l, QKVB), dqkv, BUF(A->ln1), P(l, QKVW), N, C, 3 * C);
+        linear_bwd(m, a, l, QKVW, dln, dqkv, BUF(A->ln1), N, C, 3 * C);
         LORA_BWD_X(MF_LORA_ATTN_C_ATTN, dln);
         mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->rres[l]), P(l, LN1W),
                               BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);

@@ -5,6 +5,7 @@
 #include "memfit/half.h"
 #include "memfit/kernels.h"
 #include "memfit/optim.h"
+#include "memfit/quant.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -70,6 +71,7 @@ static int plan_once(const mf_config *cfg, mf_mode mode, int nthreads, const mf_
     if (!lora.r && cfg->save_adapter[0]) return mf_fail("save_adapter needs --lora (the adapter's rank and targets)");
     if (!lora.r && strcmp(cfg->base_dtype, "fp32") != 0)
         return mf_fail("base_dtype %s needs --lora (only a frozen base can be stored quantised)", cfg->base_dtype);
+    if (mf_quant_parse(cfg->base_dtype, &lora.base)) return mf_fail("base_dtype: %s", mf_error());
     if (mf_plan_init(plan, mf_model_n_phases(d, mode))) return -1;
     if (mf_model_plan_lora(model, plan, d, cfg->batch / world, T, mode, nthreads, cfg->loss_chunk, rc,
                            mode == MF_MODE_TRAIN ? &opt : NULL, &lora) || mf_zero_plan(plan, model)) { mf_plan_free(plan); return -1; }
