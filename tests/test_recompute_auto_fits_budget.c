@@ -90,6 +90,13 @@ int main(void) {
         l_none[i] = st.loss;
     }
     mf_trainer_free(&t);
+    /* steps may leave the process larger outside the plan (the GEMM
+     * library's kernel caches): the baseline the next trainer reads is the
+     * one after them */
+    if (mf_trainer_init(&t, &c, MF_MODE_TRAIN) == 0) {
+        base = t.ledger.rss_baseline;
+        mf_trainer_free(&t);
+    }
 
     /* room for the plan with two blocks recomputed, half a block to spare */
     char b[32];
