@@ -76,6 +76,35 @@ expect_error missing-tokenizer "tokenizer files not found" "$M" train --model gp
 "$M" frobnicate >/dev/null 2>&1; rc=$?
 if [ $rc -ne 2 ]; then echo "FAIL unknown-command: exit $rc"; fail=1; else echo "ok   unknown-command: exit 2"; fi
 
+# LoRA: bad settings, refused combinations, adapters that do not fit
+expect_error lora-no-r "r=N is required" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora alpha=16
+expect_error lora-bad-r "r must be a whole number" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=0
+expect_error lora-bad-target "unknown target 'attn.q'" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8,targets=attn.q
+expect_error lora-bad-dropout "dropout must be in" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8,dropout=1
+expect_error lora-bad-key "unknown key 'beta'" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8,beta=2
+expect_error lora-bad-alpha "alpha expects a number" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8,alpha=x
+expect_error lora-twice "given twice" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8,targets=mlp.c_fc,mlp.c_fc
+expect_error lora-uib "update_in_backward is not supported" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8 --update_in_backward=1 --grad_clip 0
+expect_error lora-offload "offload is not supported" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8 --offload "optimizer=disk:$W/state.bin"
+expect_error base-dtype-bad "base_dtype" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8 --base_dtype fp8
+expect_error base-dtype-no-lora "needs --lora" "$M" train "${tiny[@]}" --data "$W/good.tok" --base_dtype nf4
+expect_error lora-precision "not supported with LoRA yet" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8 --precision bf16
+expect_error adapter-no-config "adapter_config.json: cannot open" "$M" train "${tiny[@]}" --data "$W/good.tok" --adapter "$W/none"
+expect_error save-adapter-no-lora "needs --lora" "$M" train "${tiny[@]}" --data "$W/good.tok" --save-adapter "$W/none"
+expect_error adapter-missing "adapter_config.json" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8 --adapter "$W/none"
+"$M" train "${tiny[@]}" --n_layer 2 --data "$W/good.tok" --steps 1 --lora r=4,targets=attn.c_attn --save-adapter "$W/ad4" >/dev/null 2>&1 \
+  || { echo "FAIL: saving an adapter"; fail=1; }
+expect_error adapter-rank "was made with r=4" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8,targets=attn.c_attn --adapter "$W/ad4"
+cp -r "$W/ad4" "$W/ad4x"; sed -i 's/"r": 4/"r": 8/' "$W/ad4x/adapter_config.json"
+expect_error adapter-shape "this run expects" "$M" train "${tiny[@]}" --data "$W/good.tok" --adapter "$W/ad4x"
+expect_error adapter-targets "targets=attn.c_attn but this run" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=4,targets=mlp.c_fc --adapter "$W/ad4"
+expect_error adapter-extra "unexpected tensor" "$M" train "${tiny[@]}" --data "$W/good.tok" --adapter "$W/ad4"
+expect_error adapter-deeper "no tensor" "$M" train "${tiny[@]}" --n_layer 3 --data "$W/good.tok" --adapter "$W/ad4"
+"$M" train "${tiny[@]}" --data "$W/good.tok" --steps 1 --out_dir "$W/base1" >/dev/null 2>&1 || { echo "FAIL: base model"; fail=1; }
+expect_error merge-args "merge needs --model-file" "$M" merge --adapter "$W/ad4"
+expect_error merge-mismatch "match no weight" "$M" merge --model-file "$W/base1/model.safetensors" --adapter "$W/ad4" --out "$W/m.safetensors"
+expect_error merge-no-adapter "adapter_config.json" "$M" merge --model-file "$W/base1/model.safetensors" --adapter "$W/none" --out "$W/m.safetensors"
+
 # a failed run after good checkpoints leaves them intact: train, then ask to
 # write into a read-only place is hard as root, so corrupt the resume input
 "$M" train "${tiny[@]}" --data "$W/good.tok" --steps 2 --out_dir "$W/ck" >/dev/null 2>&1 || { echo "FAIL: training"; fail=1; }

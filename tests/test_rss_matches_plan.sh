@@ -2,7 +2,7 @@
 # Peak RSS of real training runs is within max(3%, 32 MiB) of the measured
 # baseline plus the planned arena, and the ledger equals the plan, for
 # models from 1M to 124M parameters, every recompute policy and every
-# optimizer. (Release build only: sanitizers change the process's memory.)
+# optimizer, and LoRA on a frozen base (fp32 and NF4). (Release build only: sanitizers change the process's memory.)
 set -u
 M=${MEMFIT_BIN:?}
 W=$(mktemp -d /tmp/memfit-rss-XXXXXX)
@@ -49,6 +49,17 @@ run gpt2-10m-B8-T256-offload --model gpt2-10m --batch 8 --seq 256 --steps 2 --of
 # loading a checkpoint after the arena exists must not add the file to the peak
 run gpt2-10m-save --model gpt2-10m --batch 4 --seq 128 --steps 1 --out_dir "$W/ck"
 run gpt2-10m-resume --model gpt2-10m --batch 4 --seq 128 --steps 2 --resume "$W/ck/checkpoint.safetensors"
+# LoRA: a frozen base (no gradients or optimizer state), adapters in their
+# own category, dropout scratch; and a frozen base loaded with --init
+LORA=r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj
+run gpt2-10m-B8-T256-lora --model gpt2-10m --batch 8 --seq 256 --steps 2 --lora "$LORA"
+run gpt2-10m-B8-T256-lora-init --model gpt2-10m --batch 8 --seq 256 --steps 2 --lora "$LORA" --recompute selective \
+  --init "$W/ck/model.safetensors"
+run gpt2-124m-B2-T256-lora-full --model gpt2-124m --batch 2 --seq 256 --steps 1 --lora "$LORA" --recompute full
+# QLoRA: an NF4 base, packed from a random init and from --init's file map
+run gpt2-10m-B8-T256-qlora-init --model gpt2-10m --batch 8 --seq 256 --steps 2 --lora "$LORA" --base_dtype nf4 \
+  --init "$W/ck/model.safetensors"
+run gpt2-124m-B2-T256-qlora-full --model gpt2-124m --batch 2 --seq 256 --steps 1 --lora "$LORA" --base_dtype nf4 --recompute full
 # data parallel over 2 ranks: each rank's peak RSS is its baseline plus its
 # own plan, and falls from stage to stage as the plan says. The model is
 # 10.7M parameters of layers (byte vocabulary, width 384): with GPT-2's

@@ -69,6 +69,11 @@ typedef struct {
     int world_size;           /* ranks the plan is for (memfit estimate; train takes mpirun's) */
     double dist_timeout;      /* seconds a collective waits for a peer (0 = forever) */
     int progress;             /* -1 auto (terminal), 0 off, 1 on */
+    /* parameter-efficient fine-tuning (lora.h) */
+    char lora[256];           /* "" or r=8,alpha=16,dropout=0.05,targets=... */
+    char base_dtype[8];       /* frozen base storage under LoRA: fp32 (bf16|int8|nf4 with quant/) */
+    char adapter[MF_PATH_MAX];      /* load adapter_model.safetensors from this folder */
+    char save_adapter[MF_PATH_MAX]; /* write the adapter (PEFT layout) into this folder */
     unsigned char set_by_user[128]; /* per table row: 1 if file or flag set it */
 } mf_config;
 

@@ -32,7 +32,7 @@ void mf_encoder_backward(float *dwte, float *dwpe, const float *dout,
 void mf_layernorm_forward(float *out, float *mean, float *rstd,
                           const float *inp, const float *w, const float *b,
                           int N, int C);
-/* dinp accumulates (+=), dw and db accumulate. */
+/* dinp accumulates (+=), dw and db accumulate (both NULL: not computed). */
 void mf_layernorm_backward(float *dinp, float *dw, float *db,
                            const float *dout, const float *inp, const float *w,
                            const float *mean, const float *rstd, int N, int C);
@@ -42,7 +42,8 @@ void mf_layernorm_backward(float *dinp, float *dw, float *db,
 void mf_matmul_forward(float *out, const float *inp, const float *w,
                        const float *bias, int N, int C, int OC, int accumulate);
 /* dinp (N,C) = dout @ w^T (overwritten; skipped if dinp is NULL);
- * dw (C,OC) += inp^T @ dout (computed first, so inp may be dinp's buffer);
+ * dw (C,OC) += inp^T @ dout (computed first, so inp may be dinp's buffer;
+ * skipped if dw is NULL: a frozen weight);
  * dbias (OC) += column sums of dout (if non-NULL). */
 void mf_matmul_backward(float *dinp, float *dw, float *dbias,
                         const float *dout, const float *inp, const float *w,
@@ -78,7 +79,7 @@ double mf_crossentropy_forward(float *logits, float *losses,
                                float dscale);
 
 /* Tied output head. logits (N,Vp) = x (N,C) @ wte^T, wte (Vp,C).
- * Backward: dx (N,C) overwritten; dwte accumulates. */
+ * Backward: dx (N,C) overwritten; dwte accumulates (NULL: frozen). */
 void mf_classifier_forward(float *logits, const float *x, const float *wte, int N, int C, int Vp);
 void mf_classifier_backward(float *dx, float *dwte, const float *dlogits, const float *x,
                             const float *wte, int N, int C, int Vp);

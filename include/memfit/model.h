@@ -16,6 +16,7 @@
 
 #include "memfit/config.h"
 #include "memfit/core.h"
+#include "memfit/lora.h"
 #include "memfit/optim.h"
 
 #ifdef __cplusplus
@@ -80,6 +81,10 @@ typedef struct {
                          * p is then the 16-bit compute copy, rounded from mw after every update */
     int ps, pb;         /* ZeRO 3: the persistent parameter shard row, and the full row backward
                          * gathers into (p is then the one forward gathers into); else -1 */
+    int lora;           /* a LoRA adapter matrix (lora_A / lora_B; category adapter) */
+    int frozen;         /* a base weight under LoRA: no gradient, no optimizer state (g = -1) */
+    int qkind;          /* frozen Conv1D weight stored quantised (mf_quant_kind; 0 = fp32): row p is
+                         * mf_quant_bytes(qkind, numel) U8 bytes, multiplied through quant.h's GEMMs */
 } mf_tensor;
 
 typedef struct {
@@ -133,6 +138,15 @@ typedef struct {
     int prefetch;         /* ZeRO 3: gather the next layer's parameters while this one runs
                            * (its rows live one phase earlier); MEMFIT_ZERO_PREFETCH=0 turns it off */
     int pf_first;         /* ZeRO 3: first tensor of the gather in flight, else -1 */
+    /* LoRA (lora.h): adapters on the targeted matmuls of a frozen base */
+    mf_lora_cfg lora;     /* lora.r == 0: none */
+    int lora_first;       /* tensors[lora_first..]: per layer, per target in order, lora_A then lora_B */
+    int lora_u, lora_du;  /* work rows (N,r): dropout(x) @ A^T and its gradient */
+    int lora_xf, lora_xb; /* work rows (N, widest input): dropout(x) in forward / backward phases (-1 without dropout) */
+    uint64_t lora_seed;   /* dropout seed (the run's seed) */
+    uint64_t lora_micro;  /* micro-step counter the trainer sets before each training forward */
+    int lora_drop;        /* dropout is on in the last forward (training forward with dropout > 0) */
+    int qscr_f, qscr_b;   /* quantised base: GEMM scratch rows in forward / backward layer phases, else -1 */
 } mf_model;
 
 /* Phases of one micro-step (lifetimes are ranges of these). */
@@ -152,7 +166,35 @@ int mf_model_n_phases(const mf_dims *d, mf_mode mode);
 int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
                   mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute,
                   const mf_optim *opt);
+/* The same with LoRA adapters (lora NULL or lora->r == 0: none). With
+ * adapters the base weights are frozen: no gradient and no optimizer rows. */
+int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
+                       mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute,
+                       const mf_optim *opt, const mf_lora_cfg *lora);
 void mf_model_free(mf_model *m);
+
+/* LoRA hooks around target k of layer l (src/lora/lora_model.c); each does
+ * nothing when k has no adapter. forward: y += the adapter's output on x.
+ * backward_params (before the base matmul's backward): dA, dB, and the
+ * low-rank gradient kept for backward_input (after it): dx += its part. */
+int mf_lora_tensor(const mf_model *m, int l, int k); /* index of lora_A (lora_B is +1), -1 if none */
+void mf_lora_layer_forward(mf_model *m, mf_arena *a, int l, int k, const float *x, float *y, int N);
+void mf_lora_layer_backward_params(mf_model *m, mf_arena *a, int l, int k, const float *dy, const float *x, int N);
+void mf_lora_layer_backward_input(mf_model *m, mf_arena *a, int l, int k, float *dx, int N);
+/* PEFT's init: every lora_A Kaiming-uniform (seeded per tensor), lora_B zero. */
+void mf_lora_init_weights(mf_model *m, mf_arena *a, uint64_t seed);
+/* Adapters in PEFT's layout (src/lora/adapter.c): DIR/adapter_model.safetensors
+ * (base_model.model.transformer.h.{i}.<target>.lora_A.weight (r,in) and
+ * .lora_B.weight (out,r), fp32) and DIR/adapter_config.json, each written
+ * atomically; base_name goes to base_model_name_or_path. Loading checks
+ * every name and shape against the model's adapters (r, targets, layers). */
+int mf_lora_save_adapter(const mf_model *m, const mf_arena *a, const char *dir, const char *base_name);
+int mf_lora_load_adapter(mf_model *m, mf_arena *a, const char *dir);
+/* Set-up only: an arena row (not persistent, so free outside the step) of at
+ * least n floats to stage a weight before it is packed, or NULL. */
+float *mf_model_stage(const mf_model *m, const mf_arena *a, int64_t n);
+/* Trainable parameters (all of them without LoRA, the adapters' with it). */
+int64_t mf_model_n_trainable(const mf_model *m);
 
 /* GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
  * biases 0, LayerNorm weights 1; optimizer state and gradients zero. */

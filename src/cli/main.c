@@ -10,6 +10,7 @@
 #include "observe.h"
 #include "profile.h"
 #include "convert.h"
+#include "merge.h"
 #include "report.h"
 
 #include <errno.h>
@@ -113,7 +114,9 @@ static void usage_train(FILE *f) {
                "  --report DIR writes DIR/report.html (and DIR/metrics.jsonl unless --metrics is given).\n"
                "  Under mpirun -np N: data parallel over N ranks, --batch split over them, --zero 0-3 shards state.\n"
                "  Example: memfit train --model gpt2-124m --batch 4 --seq 256 --steps 3\n"
-               "  Example: mpirun -np 2 memfit train --model gpt2-10m --batch 8 --zero 1\n\n");
+               "  Example: mpirun -np 2 memfit train --model gpt2-10m --batch 8 --zero 1\n"
+               "  LoRA: --lora r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj freezes\n"
+               "  the base (--init) and trains adapters; --save-adapter DIR writes them in PEFT's layout.\n\n");
     mf_config_print_help(f);
     mf_report_presets(f);
 }
@@ -286,6 +289,11 @@ static int cmd_train(int argc, char **argv, int profile) {
         mf_observer_region(&obs, "save weights", "io", r0);
         if (bad) rc = die(mf_error());
         else printf("wrote %s and %s\n", ckpt, model);
+    }
+    if (!rc && cfg.save_adapter[0]) {
+        int bad = mf_lora_save_adapter(&t.model, &t.arena, cfg.save_adapter, cfg.init[0] ? cfg.init : cfg.model);
+        if (bad) rc = die(mf_error());
+        else printf("wrote %s/adapter_model.safetensors and %s/adapter_config.json\n", cfg.save_adapter, cfg.save_adapter);
     }
     if (!rc && cfg.sample_tokens > 0 && t.tok) {
         double r0 = mf_time_now();
@@ -576,7 +584,8 @@ static void usage(FILE *f) {
                "  sample     generate text from weights\n"
                "  eval       validation loss of weights\n"
                "  tokenize   text to a token file, or --encode stdin to ids\n"
-               "  convert    join the per-rank shards of a ZeRO checkpoint into one file\n");
+               "  convert    join the per-rank shards of a ZeRO checkpoint into one file\n"
+               "  merge      fold a LoRA adapter into a model file's weights (--unmerge takes it out)\n");
 }
 
 int main(int argc, char **argv) {
@@ -592,6 +601,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "eval") == 0) return mf_dist_finish(cmd_infer(argc - 2, argv + 2, 0));
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
     if (strcmp(cmd, "convert") == 0) return mf_cli_convert(argc - 2, argv + 2);
+    if (strcmp(cmd, "merge") == 0) return mf_cli_merge(argc - 2, argv + 2);
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) { usage(stdout); return 0; }
     fprintf(stderr, "memfit: error: unknown command '%s'\n", cmd);
     usage(stderr);

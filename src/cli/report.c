@@ -46,6 +46,16 @@ static void print_plan_line(FILE *f, const mf_plan *p, size_t runtime, size_t bu
             budget ? sz(budget, a) : "none");
 }
 
+/* LoRA: rank, scaling, targets and the trainable share */
+static void lora_line(FILE *f, const mf_model *m, const mf_config *cfg, const mf_dims *d) {
+    if (m->lora.r <= 0) return;
+    char tg[128];
+    int64_t n = mf_model_n_trainable(m), all = mf_model_n_params(d);
+    fprintf(f, "LoRA r=%d alpha=%g dropout=%g on %s: %lld trainable params (%.3f%% of %lld), base frozen (%s)\n",
+            m->lora.r, (double)m->lora.alpha, (double)m->lora.dropout, mf_lora_targets_str(&m->lora, tg, sizeof tg),
+            (long long)n, 100.0 * (double)n / (double)all, (long long)all, cfg->base_dtype);
+}
+
 void mf_report_header(FILE *f, const mf_trainer *t) {
     const mf_dims *d = &t->d;
     fprintf(f, "model %s: %.2fM params (L%d C%d H%d, block %d, vocab %d padded to %d, %s tokenizer)\n",
@@ -55,6 +65,7 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
             t->B, t->T, t->cfg.grad_accum, t->B * t->T * t->cfg.grad_accum, t->nthreads,
             (unsigned long long)(t->train_hi - t->train_lo), t->n_val_batches,
             recompute_desc(&t->cfg, &t->model, rc, sizeof rc));
+    lora_line(f, &t->model, &t->cfg, d);
     if (t->model.cdt != MF_DTYPE_F32)
         fprintf(f, "precision %s: 16-bit GEMM weights and GEMM inputs, fp32 %s, gradients and reductions; GEMM %s%s\n",
                 t->cfg.precision, t->model.opt.master ? "master weights, optimizer state" : "optimizer state (bf16 weights, "
@@ -215,6 +226,7 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
     fprintf(f, "model %s: %lld params (L%d C%d H%d, block %d, vocab %d), batch %d x seq %d, %s, optimizer %s, recompute %s\n",
             cfg->model, (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T, prec,
             optim_desc(m, od, sizeof od), recompute_desc(cfg, m, rc, sizeof rc));
+    lora_line(f, m, cfg, d);
     if (m->opt.world > 1) {
         /* ZeRO paper section 5.1: the model states each rank keeps */
         size_t ms[MF_CAT_COUNT];
@@ -266,6 +278,16 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
     if (!o) return NULL;
     cJSON_AddStringToObject(o, "model", cfg->model);
     cJSON_AddNumberToObject(o, "n_params", (double)mf_model_n_params(d));
+    cJSON_AddNumberToObject(o, "n_trainable", (double)mf_model_n_trainable(m));
+    if (m->lora.r > 0) {
+        char tg[128];
+        cJSON *lo = cJSON_AddObjectToObject(o, "lora");
+        cJSON_AddNumberToObject(lo, "r", m->lora.r);
+        cJSON_AddNumberToObject(lo, "alpha", m->lora.alpha);
+        cJSON_AddNumberToObject(lo, "dropout", m->lora.dropout);
+        cJSON_AddStringToObject(lo, "targets", mf_lora_targets_str(&m->lora, tg, sizeof tg));
+        cJSON_AddStringToObject(lo, "base_dtype", cfg->base_dtype);
+    }
     cJSON_AddNumberToObject(o, "batch", m->B);
     cJSON_AddNumberToObject(o, "seq", m->T);
     cJSON_AddStringToObject(o, "recompute", cfg->recompute);

@@ -4,6 +4,8 @@
 #include "memfit/core.h"
 #include "memfit/model.h"
 #include "memfit/monitor.h"
+#include "memfit/lora.h"
+#include "memfit/quant.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -61,8 +63,8 @@ static const key_row keys[] = {
     {"offload_window", T_SIZE, F(offload_window), 0, "16MiB", 0, 0, "bytes of each of the two offload windows"},
     {"grad_clip", T_FLOAT, F(grad_clip), 0, "1.0", 0, BIG, "global gradient-norm clip (0 = off)"},
     {"seed", T_U64, F(seed), 0, "1337", 0, 0, "seed for weights, dropout-free sampling and data order"},
-    {"data", T_STR, S(data), "", 0, 0, "training token file (memfit tokenize); empty = the default corpus in the cache"},
-    {"val_data", T_STR, S(val_data), "", 0, 0, "validation token file (empty = the last val_fraction of data)"},
+    {"data", T_STR, S(data), "", 0, 0, "training token file (memfit tokenize), or a corpus in the cache by name: moby-dick (the default, when empty) or sotu (scripts/fetch_data.sh --sotu)"},
+    {"val_data", T_STR, S(val_data), "", 0, 0, "validation token file or corpus name (empty = the last val_fraction of data)"},
     {"val_fraction", T_FLOAT, F(val_fraction), 0, "0.1", 0, 0.9, "share of data held out for validation when val_data is empty"},
     {"val_every", T_INT, F(val_every), 0, "50", 0, 1 << 30, "validate every N steps (0 = only at the end)"},
     {"val_batches", T_INT, F(val_batches), 0, "8", 1, 1 << 20, "micro-batches per validation"},
@@ -93,6 +95,10 @@ static const key_row keys[] = {
     {"dist_timeout", T_FLOAT, F(dist_timeout), 0, "300", 0, 1e9, "data parallel: seconds a collective waits for another rank before the job stops with a message (0 = forever)"},
     {"log_every", T_INT, F(log_every), 0, "1", 1, 1 << 30, "print a log line every N steps"},
     {"progress", T_INT, F(progress), 0, "-1", -1, 1, "progress bar: -1 when stdout is a terminal, 0 off, 1 on"},
+    {"lora", T_STR, S(lora), "", 0, 0, "LoRA adapters on a frozen base: r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj (empty = full fine-tuning)"},
+    {"base_dtype", T_STR, S(base_dtype), "fp32", 0, 0, "with lora: how the frozen base's block weights are stored: fp32, bf16, int8 (absmax blocks of 64) or nf4 (QLoRA NF4, double-quantised constants); dequantised a tile at a time inside the GEMM"},
+    {"adapter", T_STR, S(adapter), "", 0, 0, "with lora: start from the adapter in this folder (adapter_model.safetensors, PEFT layout)"},
+    {"save_adapter", T_STR, S(save_adapter), "", 0, 0, "with lora: write adapter_model.safetensors and adapter_config.json (PEFT layout) into this folder at the end"},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 
@@ -189,6 +195,14 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
     if (strcmp(r->key, "plan") == 0 && check_enum(r->key, value, plan)) return -1;
     if (strcmp(r->key, "allow") == 0 && check_enum(r->key, value, allow)) return -1;
     if (strcmp(r->key, "health_levels") == 0 && mf_health_parse(value, NULL)) return -1;
+    if (strcmp(r->key, "lora") == 0) {
+        mf_lora_cfg lc;
+        if (mf_lora_parse(value, &lc)) return mf_fail("config key 'lora': %s", mf_error());
+    }
+    if (strcmp(r->key, "base_dtype") == 0) {
+        int k;
+        if (mf_quant_parse(value, &k)) return mf_fail("config key 'base_dtype': %s", mf_error());
+    }
     c->set_by_user[idx] = 1;
     return 0;
 }

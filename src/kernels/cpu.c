@@ -130,7 +130,7 @@ void mf_layernorm_backward(float *dinp, float *dw, float *db,
             }
         }
 #pragma omp for schedule(static)
-        for (int blk = 0; blk < nblk; blk++) {
+        for (int blk = 0; blk < (dw ? nblk : 0); blk++) {  /* dw NULL: frozen (LoRA's base) */
             const int c0 = blk * MF_COLBLK;
             const int w0 = C - c0 < MF_COLBLK ? C - c0 : MF_COLBLK;
             float aw[MF_COLBLK] = {0}, ab[MF_COLBLK] = {0};
@@ -196,8 +196,9 @@ void mf_matmul_backward(float *dinp, float *dw, float *dbias,
     }
     /* dw (C,OC) += inp^T (C,N) @ dout (N,OC), first: inp may be dinp's
      * buffer (a rebuilt GELU output lives in the gradient scratch) */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N,
-                1.0f, inp, C, dout, OC, 1.0f, dw, OC);
+    if (dw) /* NULL: a frozen weight (LoRA's base) */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N,
+                    1.0f, inp, C, dout, OC, 1.0f, dw, OC);
     if (dinp) /* dinp (N,C) = dout (N,OC) @ w^T */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC,
                     1.0f, dout, OC, w, OC, 0.0f, dinp, C);

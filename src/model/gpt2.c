@@ -15,6 +15,7 @@
 #include "memfit/dist.h"
 #include "memfit/half.h"
 #include "memfit/kernels.h"
+#include "memfit/quant.h"
 
 #include <math.h>
 #include <omp.h>
@@ -147,6 +148,13 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
     t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, strcmp(name, "wte.weight") == 0};
     t->lo = 0;
     t->hi = t->numel;
+    /* LoRA: the adapters are trainable (category adapter), the base is frozen */
+    t->lora = strstr(name, ".lora_") != NULL;
+    t->frozen = m->lora.r > 0 && !t->lora;
+    /* --base_dtype: the frozen Conv1D weights (2-D, inside a block) are
+     * stored quantised; embeddings, LayerNorms and biases stay fp32 */
+    t->qkind = t->frozen && ndim == 2 && layer >= 0 ? m->lora.base : 0;
+    mf_cat pcat = t->lora ? MF_CAT_ADAPTER : MF_CAT_PARAMS, gcat = t->lora ? MF_CAT_ADAPTER : MF_CAT_GRADS;
     int shard = m->opt.zero >= 1 && m->opt.world > 1;
     if (shard) {
         /* ZeRO: the optimizer sees only this rank's slice of the elements */
@@ -181,15 +189,17 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
             snprintf(nm, sizeof nm, "bwd.%s", name);
             t->pb = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, b0, b1, layer);
         }
-    } else {
-        t->p = add(ad, name, MF_CAT_PARAMS, h16 ? m->cdt : MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
+    } else if (t->qkind)
+        t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_U8, 1, (int64_t)mf_quant_bytes(t->qkind, t->numel), 0, 0, 0, 0, last, layer);
+    else {
+        t->p = add(ad, name, pcat, h16 ? m->cdt : MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
         if (h16 && m->opt.master) {
             snprintf(nm, sizeof nm, "master.%s", name);
             t->mw = add(ad, nm, MF_CAT_MASTER, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
         }
     }
     for (int i = 0; i < MF_OPTIM_STATES; i++) t->st[i] = -1;
-    if (m->mode == MF_MODE_TRAIN) {
+    if (m->mode == MF_MODE_TRAIN && !t->frozen) {
         /* with update_in_backward a gradient lives only from the phase
          * that starts it to the phase that completes it (then the update
          * consumes it): one layer's worth plus the tied embedding's */
@@ -201,13 +211,15 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
             else g0 = g1 = mf_phase_head_bwd(m);  /* ln_f */
         }
         snprintf(nm, sizeof nm, "grad.%s", name);
-        t->g = add(ad, nm, MF_CAT_GRADS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, g0, g1, layer);
+        t->g = add(ad, nm, gcat, MF_DTYPE_F32, ndim, d0, d1, 0, 0, g0, g1, layer);
         if (shard && m->opt.zero >= 2) {
             snprintf(nm, sizeof nm, "grad_shard.%s", name);
             t->gs = add(ad, nm, MF_CAT_GRADS, MF_DTYPE_F32, 1, t->hi - t->lo, 0, 0, 0, 0, last, layer);
         }
         if (!ad->err && mf_optim_plan(&m->opt, ad->plan, name, &t->os, 0, last, layer, t->st))
             ad->err = 1;
+        for (int i = 0; t->lora && !ad->err && i < MF_OPTIM_STATES; i++)
+            if (t->st[i] >= 0) ad->plan->bufs[t->st[i]].cat = MF_CAT_ADAPTER;
     }
 }
 
@@ -297,9 +309,29 @@ int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss
 int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
                   mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute,
                   const mf_optim *opt) {
+    return mf_model_plan_lora(m, plan, d, B, T, mode, nthreads, loss_chunk, recompute, opt, NULL);
+}
+
+int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
+                       mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute,
+                       const mf_optim *opt, const mf_lora_cfg *lora) {
     memset(m, 0, sizeof *m);
     if (mode == MF_MODE_TRAIN && !opt) return mf_fail("a training plan needs an optimizer");
     if (opt) m->opt = *opt;
+    if (lora && lora->r > 0) {
+        m->lora = *lora;
+        /* combinations that iterate gradients LoRA's frozen base does not have */
+        if (mode == MF_MODE_TRAIN && opt->world > 1)
+            return mf_fail("lora: data parallel (mpirun, zero %d) is not supported with LoRA yet; train in one process", opt->zero);
+        if (mode == MF_MODE_TRAIN && opt->in_backward)
+            return mf_fail("lora: update_in_backward is not supported with LoRA (the adapters' state is small); drop it");
+        if (mode == MF_MODE_TRAIN && opt->offload_path[0])
+            return mf_fail("lora: optimizer offload is not supported with LoRA (the adapters' state is small); drop --offload");
+        if (mode == MF_MODE_TRAIN && opt->compute != MF_DTYPE_F32)
+            return mf_fail("lora: --precision %s is not supported with LoRA yet (use fp32 compute; --base_dtype stores the "
+                           "frozen base in bf16, int8 or nf4)", opt->compute == MF_DTYPE_BF16 ? "bf16" : "fp16");
+    }
+    m->lora_u = m->lora_du = m->lora_xf = m->lora_xb = m->qscr_f = m->qscr_b = -1;
     m->comm = -1;
     m->pf_first = -1;
     const char *pf = getenv("MEMFIT_ZERO_PREFETCH");
@@ -334,7 +366,8 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     if (plan->n_phases != m->n_phases) return mf_fail("plan has %d phases, model needs %d", plan->n_phases, m->n_phases);
     int L = d->L;
     int64_t C = d->C, N = (int64_t)B * T, NH = d->NH;
-    m->tensors = calloc((size_t)(2 + L * MF_LAYER_TENSORS + 2), sizeof *m->tensors);
+    int nlora = m->lora.r > 0 ? 2 * L * mf_lora_n_targets(&m->lora) : 0;
+    m->tensors = calloc((size_t)(2 + L * MF_LAYER_TENSORS + 2 + nlora), sizeof *m->tensors);
     m->res = calloc(2 * ((size_t)L + 1), sizeof *m->res);
     m->rres = m->res ? m->res + L + 1 : NULL;
     m->acts = calloc(2 * (size_t)L, sizeof *m->acts);
@@ -366,6 +399,19 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
     }
     add_tensor(m, &ad, "ln_f.weight", -1, 1, C, 0, C, 0);
     add_tensor(m, &ad, "ln_f.bias", -1, 1, C, 0, C, 0);
+    /* LoRA adapters, as PEFT stores them: lora_A (r, in), lora_B (out, r) */
+    m->lora_first = m->n_tensors;
+    for (int l = 0; l < L && nlora; l++)
+        for (int k = 0; k < MF_LORA_TARGETS; k++) {
+            if (!(m->lora.targets >> k & 1)) continue;
+            int in, out, r = m->lora.r;
+            char nm[64];
+            mf_lora_target_dims(k, (int)C, &in, &out);
+            snprintf(nm, sizeof nm, "h.%d.%s.lora_A.weight", l, mf_lora_target_name(k));
+            add_tensor(m, &ad, nm, l, 2, r, in, r, 1);
+            snprintf(nm, sizeof nm, "h.%d.%s.lora_B.weight", l, mf_lora_target_name(k));
+            add_tensor(m, &ad, nm, l, 2, out, r, out, 1);
+        }
 
     /* loader buffers */
     m->inputs = add(&ad, "data.inputs", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
@@ -486,6 +532,35 @@ int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
         m->attn_scratch = add(&ad, "work.attn_bwd", MF_CAT_WORK, MF_DTYPE_F32, 1,
                               (int64_t)mf_flash_attention_scratch_floats(T, d->C / d->NH, nthreads), 0, 0, 0, l0, l1, -1);
     }
+    if (nlora) {
+        /* LoRA scratch: the low-rank product (rebuilt in backward, so no
+         * activation rows), and dropout(x) in forward and in backward phases */
+        int f0 = mf_phase_layer_fwd(m, 0), f1 = mf_phase_layer_fwd(m, L - 1);
+        int b0 = train ? mf_phase_layer_bwd(m, L - 1) : f0, b1 = train ? mf_phase_layer_bwd(m, 0) : f1;
+        int64_t win = 0;
+        for (int k = 0; k < MF_LORA_TARGETS; k++) {
+            int in, out;
+            mf_lora_target_dims(k, (int)C, &in, &out);
+            if (m->lora.targets >> k & 1 && in > win) win = in;
+        }
+        m->lora_u = add(&ad, "work.lora_u", MF_CAT_WORK, MF_DTYPE_F32, 2, N, m->lora.r, 0, 0, f0, b1, -1);
+        if (train) m->lora_du = add(&ad, "work.lora_du", MF_CAT_WORK, MF_DTYPE_F32, 2, N, m->lora.r, 0, 0, b0, b1, -1);
+        if (train && m->lora.dropout > 0) {
+            m->lora_xf = add(&ad, "work.lora_drop.fwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, f0, f1, -1);
+            m->lora_xb = add(&ad, "work.lora_drop.bwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, b0, b1, -1);
+        }
+        if (m->lora.base) {
+            /* quantised base: the tile of dequantised rows the GEMMs use */
+            static const int kin[4] = {1, 1, 1, 4}, kout[4] = {3, 1, 4, 1};
+            int64_t qs = 0;
+            for (int k = 0; k < 4; k++) {
+                int64_t b = (int64_t)mf_quant_matmul_scratch_bytes(m->lora.base, (int)N, (int)(kin[k] * C), (int)(kout[k] * C));
+                if (b > qs) qs = b;
+            }
+            m->qscr_f = add(&ad, "work.quant_gemm.fwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, f0, f1, -1);
+            if (train) m->qscr_b = add(&ad, "work.quant_gemm.bwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, b0, b1, -1);
+        }
+    }
     if (m->cdt != MF_DTYPE_F32 && !ad.err) {
         /* 16-bit: rounded GEMM operands that are not kept, and the GEMM
          * library's scratch for the largest call (docs/precision.md) */
@@ -555,14 +630,33 @@ static void put_w(const mf_model *m, const mf_tensor *t, void *row, int64_t k, f
     else ((float *)row)[k] = v;
 }
 
+/* Set-up only (outside the step, when no non-persistent row is alive): an
+ * arena row of at least n floats to stage a weight in before it is packed,
+ * or NULL (the caller then uses the heap). */
+float *mf_model_stage(const mf_model *m, const mf_arena *a, int64_t n) {
+    const mf_plan *p = a->plan;
+    for (int i = 0; i < p->n; i++) {
+        const mf_buf *b = &p->bufs[i];
+        if (!b->disk && !(b->first == 0 && b->last == m->n_phases - 1) && b->bytes >= (size_t)n * sizeof(float))
+            return mf_arena_ptr(a, i);
+    }
+    return NULL;
+}
+
 void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
     mf_rng rng;
     mf_rng_seed(&rng, seed);
     float proj_std = 0.02f / sqrtf(2.0f * (float)m->d.L);
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *t = &m->tensors[i];
+        if (t->lora) break;  /* the adapters come last: mf_lora_init_weights below */
         /* ZeRO 3: the same values, this rank's shard [lo, hi) of them kept */
         void *p = t->ps >= 0 ? (void *)((float *)mf_arena_ptr(a, t->ps) - t->lo) : mf_arena_ptr(a, mf_tensor_weights_row(t));
+        float *heap = NULL;
+        if (t->qkind) {  /* a quantised base weight: drawn in fp32, then packed */
+            p = mf_model_stage(m, a, t->numel);
+            if (!p && !(p = heap = malloc((size_t)t->numel * sizeof(float)))) mf_panic("out of memory staging %s", t->name);
+        }
         int64_t lo = t->ps >= 0 ? t->lo : 0, hi = t->ps >= 0 ? t->hi : t->numel;
         const char *nm = t->name;
         int is_ln_w = strstr(nm, "ln_") && strstr(nm, ".weight");
@@ -579,8 +673,18 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
             for (int64_t k = t->rows_file * t->shape[1]; k < t->numel; k++)
                 if (k >= lo && k < hi) put_w(m, t, p, k, 0.0f);
         mf_model_sync_params(m, a, i, 1);
+        if (t->qkind) {
+            mf_quant_pack((mf_quant_kind)t->qkind, mf_arena_ptr(a, t->p), p, t->numel);
+            free(heap);
+        }
         if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * sizeof(float));
         if (m->mode == MF_MODE_TRAIN && !m->opt.offload_path[0]) mf_model_zero_state(m, a, t);  /* disk: the trainer */
+    }
+    mf_lora_init_weights(m, a, seed);
+    for (int i = m->lora_first; m->lora.r > 0 && i < m->n_tensors; i++) {
+        mf_tensor *t = &m->tensors[i];
+        if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * sizeof(float));
+        if (m->mode == MF_MODE_TRAIN) mf_model_zero_state(m, a, t);
     }
 }
 
@@ -607,15 +711,53 @@ static void grads_done(mf_model *m, int first, int n) {
 /* ---- forward --------------------------------------------------------- */
 
 #define P(l, k) tensor_p(m, a, 2 + (l) * MF_LAYER_TENSORS + (k))
-#define G(l, k) ((float *)mf_arena_get(a, m->tensors[2 + (l) * MF_LAYER_TENSORS + (k)].g))
+#define G(l, k) tensor_g(m, a, 2 + (l) * MF_LAYER_TENSORS + (k))
 #define BUF(id) ((float *)mf_arena_get(a, (id)))
 enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB };
+
+/* Tensor i's gradient (NULL for a frozen base weight under LoRA). */
+static float *tensor_g(mf_model *m, mf_arena *a, int i) {
+    return m->tensors[i].g >= 0 ? mf_arena_get(a, m->tensors[i].g) : NULL;
+}
+/* LoRA hooks around target k's matmul (nothing when k has no adapter) */
+#define LORA_FWD(k, x, y) if (m->lora.r) mf_lora_layer_forward(m, a, l, k, x, y, N)
+#define LORA_BWD_P(k, dy, x) if (m->lora.r) mf_lora_layer_backward_params(m, a, l, k, dy, x, N)
+#define LORA_BWD_X(k, dx) if (m->lora.r) mf_lora_layer_backward_input(m, a, l, k, dx, N)
 
 /* Tensor i's parameters; under ZeRO 3 the row gathered for this phase
  * (backward has its own). */
 static float *tensor_p(mf_model *m, mf_arena *a, int i) {
     const mf_tensor *x = &m->tensors[i];
     return mf_arena_get(a, x->pb >= 0 && a->phase >= mf_phase_head_bwd(m) ? x->pb : x->p);
+}
+
+/* The base's linear layers: out = inp @ W + b (+ resid when non-NULL);
+ * dinp = dout @ W^T (+ dW, db when they have gradients). A quantised frozen
+ * W (--base_dtype) goes through quant.h's tile-dequantising GEMMs. */
+static void *quant_scratch(mf_model *m, mf_arena *a) {
+    return mf_arena_get(a, m->mode == MF_MODE_TRAIN && a->phase >= mf_phase_head_bwd(m) ? m->qscr_b : m->qscr_f);
+}
+static void linear_fwd(mf_model *m, mf_arena *a, int l, int k, float *out, const float *inp, const float *resid,
+                       int N, int K, int OC) {
+    const mf_tensor *w = &m->tensors[2 + l * MF_LAYER_TENSORS + k];
+    if (!w->qkind) {
+        if (resid) memcpy(out, resid, (size_t)N * OC * sizeof(float));
+        mf_matmul_forward(out, inp, P(l, k), P(l, k + 1), N, K, OC, resid != NULL);
+        return;
+    }
+    mf_quant_matmul_forward(out, inp, P(l, k), P(l, k + 1), N, K, OC, (mf_quant_kind)w->qkind, quant_scratch(m, a));
+    if (resid)
+        for (size_t i = 0; i < (size_t)N * OC; i++) out[i] += resid[i];
+}
+static void linear_bwd(mf_model *m, mf_arena *a, int l, int k, float *dinp, const float *dout, const float *inp,
+                       int N, int K, int OC) {
+    const mf_tensor *w = &m->tensors[2 + l * MF_LAYER_TENSORS + k];
+    if (!w->qkind) {
+        mf_matmul_backward(dinp, G(l, k), G(l, k + 1), dout, inp, P(l, k), N, K, OC);
+        return;
+    }
+    memset(dinp, 0, (size_t)N * K * sizeof(float));
+    mf_quant_matmul_backward_input(dinp, dout, P(l, k), N, K, OC, (mf_quant_kind)w->qkind, quant_scratch(m, a));
 }
 
 /* ZeRO 3: gathers tensors [first, first+n) for the phase that starts, or
@@ -681,7 +823,8 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
         return;
     }
     mf_layernorm_forward(ln1, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
-    mf_matmul_forward(qkv, ln1, P(l, QKVW), P(l, QKVB), N, C, 3 * C, 0);
+    linear_fwd(m, a, l, QKVW, qkv, ln1, NULL, N, C, 3 * C);
+    LORA_FWD(MF_LORA_ATTN_C_ATTN, ln1, qkv);
     /* FlashAttention: only the output and each row's log-sum-exp are kept;
      * the T x T scores are recomputed tile by tile in backward */
     mf_flash_attention_forward(atty, lse, qkv, B, T, C, NH);
@@ -689,26 +832,27 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
      * residual stream, so it never needs a buffer of its own; xmid is kept
      * because ln_2's backward needs its input */
     float *xmid = BUF(A->xmid);
-    memcpy(xmid, x, (size_t)N * C * sizeof(float));
-    mf_matmul_forward(xmid, atty, P(l, PROJW), P(l, PROJB), N, C, C, 1);
+    linear_fwd(m, a, l, PROJW, xmid, atty, x, N, C, C);
+    LORA_FWD(MF_LORA_ATTN_C_PROJ, atty, xmid);
     mf_layernorm_forward(ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), xmid, P(l, LN2W), P(l, LN2B), N, C);
-    mf_matmul_forward(fch, ln2, P(l, FCW), P(l, FCB), N, C, 4 * C, 0);
+    linear_fwd(m, a, l, FCW, fch, ln2, NULL, N, C, 4 * C);
+    LORA_FWD(MF_LORA_MLP_C_FC, ln2, fch);
     mf_gelu_forward(fchg, fch, (size_t)N * 4 * C);
     if (!write_out) return;
     float *out = BUF(res[l + 1]);
-    memcpy(out, xmid, (size_t)N * C * sizeof(float));
-    mf_matmul_forward(out, fchg, P(l, FCPW), P(l, FCPB), N, 4 * C, C, 1);
+    linear_fwd(m, a, l, FCPW, out, fchg, xmid, N, 4 * C, C);
+    LORA_FWD(MF_LORA_MLP_C_PROJ, fchg, out);
 }
 
-static float *tensor_g(mf_model *m, mf_arena *a, int i) { return mf_arena_get(a, m->tensors[i].g); }
 #define WTE 0
 #define WPE 1
-#define LNF_W (m->n_tensors - 2)
-#define LNF_B (m->n_tensors - 1)
+#define LNF_W (2 + m->d.L * MF_LAYER_TENSORS)
+#define LNF_B (LNF_W + 1)
 
 double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets, float dscale) {
     if (B > m->B || T > m->T) mf_panic("forward on %dx%d exceeds the planned %dx%d", B, T, m->B, m->T);
     int C = m->d.C, N = B * T, L = m->d.L;
+    m->lora_drop = m->lora.r > 0 && m->lora.dropout > 0 && use_targets && dscale != 0.0f && m->mode == MF_MODE_TRAIN;
     mf_arena_phase(a, mf_phase_emb_fwd(m));
     params_need(m, a, WTE, 2);
     params_prefetch(m, a, 0);
@@ -833,23 +977,32 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
         /* MLP: out = xmid + gelu(ln2 @ Wfc + b) @ Wfcp + b; the GELU output
          * may live in dbig itself (matmul_backward reads inp before it
          * writes dinp) */
-        mf_matmul_backward(dbig, G(l, FCPW), G(l, FCPB), dres, gelu_out(m, a, A), P(l, FCPW), N, 4 * C, C);
+        LORA_BWD_P(MF_LORA_MLP_C_PROJ, dres, gelu_out(m, a, A));
+        linear_bwd(m, a, l, FCPW, dbig, dres, gelu_out(m, a, A), N, 4 * C, C);
+        LORA_BWD_X(MF_LORA_MLP_C_PROJ, dbig);
         mf_gelu_backward(dbig, BUF(A->fch), dbig, (size_t)N * 4 * C);
-        mf_matmul_backward(dln, G(l, FCW), G(l, FCB), dbig, BUF(A->ln2), P(l, FCW), N, C, 4 * C);
+        LORA_BWD_P(MF_LORA_MLP_C_FC, dbig, BUF(A->ln2));
+        linear_bwd(m, a, l, FCW, dln, dbig, BUF(A->ln2), N, C, 4 * C);
+        LORA_BWD_X(MF_LORA_MLP_C_FC, dln);
         mf_layernorm_backward(dres, G(l, LN2W), G(l, LN2B), dln, BUF(A->xmid), P(l, LN2W),
                               BUF(A->ln2_mean), BUF(A->ln2_rstd), N, C);
         /* attention: xmid = x + attn(ln1(x)) @ Wproj + b */
-        mf_matmul_backward(dln, G(l, PROJW), G(l, PROJB), dres, BUF(A->atty), P(l, PROJW), N, C, C);
+        LORA_BWD_P(MF_LORA_ATTN_C_PROJ, dres, BUF(A->atty));
+        linear_bwd(m, a, l, PROJW, dln, dres, BUF(A->atty), N, C, C);
+        LORA_BWD_X(MF_LORA_ATTN_C_PROJ, dln);
         mf_flash_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
                                     B, T, C, NH);
-        mf_matmul_backward(dln, G(l, QKVW), G(l, QKVB), dqkv, BUF(A->ln1), P(l, QKVW), N, C, 3 * C);
+        LORA_BWD_P(MF_LORA_ATTN_C_ATTN, dqkv, BUF(A->ln1));
+        linear_bwd(m, a, l, QKVW, dln, dqkv, BUF(A->ln1), N, C, 3 * C);
+        LORA_BWD_X(MF_LORA_ATTN_C_ATTN, dln);
         mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->rres[l]), P(l, LN1W),
                               BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
         grads_done(m, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
     }
     mf_arena_phase(a, mf_phase_emb_bwd(m));
     grads_start(m, a, WPE, 1);
-    mf_encoder_backward(tensor_g(m, a, WTE), tensor_g(m, a, WPE), dres, mf_arena_get(a, m->inputs), B, T, C);
+    if (!m->tensors[WTE].frozen)
+        mf_encoder_backward(tensor_g(m, a, WTE), tensor_g(m, a, WPE), dres, mf_arena_get(a, m->inputs), B, T, C);
     grads_done(m, WTE, 2);
 }
 

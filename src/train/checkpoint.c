@@ -17,6 +17,7 @@
  * rank 0 (ZeRO 3 gathers each tensor from the ranks as it is written). */
 #include "memfit/dist.h"
 #include "memfit/io.h"
+#include "memfit/quant.h"
 #include "memfit/train.h"
 #include "memfit/half.h"
 
@@ -54,6 +55,16 @@ static int read_param(void *ctx, uint64_t off, void *buf, size_t len) {
     return 0;
 }
 
+/* A quantised frozen weight written as F32 (weights files): dequantised a
+ * piece at a time into the writer's buffer */
+static int read_dequant(void *ctx, uint64_t off, void *buf, size_t len) {
+    param_reader *r = ctx;
+    const mf_tensor *x = &r->t->model.tensors[r->tensor];
+    if (off % sizeof(float) || len % sizeof(float)) return mf_fail("%s: unaligned piece of a dequantised tensor", x->name);
+    mf_quant_unpack((mf_quant_kind)x->qkind, buf, mf_arena_ptr(&r->t->arena, x->p), (int64_t)(off / 4), (int64_t)(len / 4));
+    return 0;
+}
+
 typedef struct { mf_trainer *t; int tensor, id; } row_reader;
 static int read_row(void *ctx, uint64_t off, void *buf, size_t len) {
     row_reader *r = ctx;
@@ -66,6 +77,16 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
     int n = 0;
     for (int i = 0; i < m->n_tensors; i++) {
         const mf_tensor *x = &m->tensors[i];
+        if (x->lora && !with_optim) continue;  /* weights files hold the base; adapters go to --save-adapter */
+        if (x->qkind && with_optim) {
+            /* a quantised base in a checkpoint: its packed bytes, under its plan row's name */
+            const mf_buf *b = &t->plan.bufs[x->p];
+            snprintf(names[n], 64, "%s", b->name);
+            e[n] = (mf_st_entry){.name = names[n], .dtype = MF_DTYPE_U8, .ndim = 1, .shape = {b->numel},
+                                 .data = mf_arena_ptr(&t->arena, x->p), .nbytes = (size_t)b->numel};
+            n++;
+            continue;
+        }
         if (zero3(t) && with_optim) {
             /* this rank's parameter shard, under its plan name */
             const mf_buf *b = &t->plan.bufs[x->ps];
@@ -87,6 +108,14 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
         e[n].shape[1] = x->shape[1];
         e[n].data = mf_arena_ptr(&t->arena, wr);
         e[n].nbytes = (size_t)(x->rows_file * (x->ndim > 1 ? x->shape[1] : 1)) * mf_dtype_size(wdt);
+        if (x->qkind) {  /* weights file: F32, dequantised as the writer reaches it */
+            pr[i] = (param_reader){(mf_trainer *)t, i};
+            e[n].dtype = MF_DTYPE_F32;
+            e[n].nbytes = (size_t)x->numel * sizeof(float);
+            e[n].data = NULL;
+            e[n].read = read_dequant;
+            e[n].read_ctx = &pr[i];
+        }
         if (zero3(t)) {  /* weights: gathered tensor by tensor as the writer reaches them */
             pr[i] = (param_reader){(mf_trainer *)t, i};
             e[n].data = NULL;
@@ -205,7 +234,7 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
     int64_t want[2] = {x->rows_file, x->shape[1]};
     /* the row's dtype (fp32, or bf16 weights without a master copy, which
      * also take fp32 files rounded to nearest-even) */
-    mf_dtype rdt = t->plan.bufs[id].dtype;
+    mf_dtype rdt = x->qkind && id == x->p ? MF_DTYPE_F32 : t->plan.bufs[id].dtype;  /* quantised: packed from F32 */
     int to16 = rdt == MF_DTYPE_BF16 && s->dtype == MF_DTYPE_F32, to32 = rdt == MF_DTYPE_F32 && s->dtype == MF_DTYPE_BF16;
     int ok = (s->dtype == rdt || to16 || to32) && s->ndim == x->ndim && s->shape[0] == want[0] &&
              (x->ndim == 1 || s->shape[1] == want[1]);
@@ -215,6 +244,15 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
         shape_str(b, sizeof b, x->ndim, want);
         return mf_fail("%s: tensor '%s' is %s %s, the model needs %s %s", path, name,
                        mf_dtype_name(s->dtype), a, mf_dtype_name(rdt), b);
+    }
+    if (x->qkind && id == x->p) {
+        /* a frozen base stored quantised: packed straight from the file's
+         * map, whose pages are then handed back */
+        mf_quant_pack((mf_quant_kind)x->qkind, mf_arena_ptr(&t->arena, id), s->data, x->numel);
+        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)s->data & ~(page - 1);
+        uintptr_t hi = ((uintptr_t)s->data + s->nbytes + page - 1) & ~(page - 1);
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        return 0;
     }
     void *dst = mf_arena_ptr(&t->arena, id);
     size_t have = s->nbytes;
@@ -292,6 +330,7 @@ int mf_trainer_load_weights(mf_trainer *t, const char *path) {
     int rc = 0;
     for (int i = 0; i < t->model.n_tensors && !rc; i++) {
         const mf_tensor *x = &t->model.tensors[i];
+        if (x->lora) continue;  /* the base only; adapters come from --adapter */
         rc = load_tensor(t, &f, path, "", x, mf_tensor_weights_row(x));
         if (!rc) mf_model_sync_params(&t->model, &t->arena, i, 1);
         /* ZeRO 3: keep this rank's shard (the full row is free outside the step) */
@@ -346,7 +385,9 @@ int mf_trainer_load_checkpoint(mf_trainer *t, const char *path_in) {
         rc = mf_fail("%s holds %s state but the run uses optimizer %s", path, opt, mf_optim_name(m->opt.kind));
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const mf_tensor *x = &m->tensors[i];
-        rc = x->ps >= 0 && train ? load_state_row(t, &f, path, x->ps) : load_tensor(t, &f, path, "", x, mf_tensor_weights_row(x));
+        rc = x->ps >= 0 && train ? load_state_row(t, &f, path, x->ps)
+             : x->qkind ? load_state_row(t, &f, path, x->p)  /* packed bytes: resume is bit-identical */
+             : load_tensor(t, &f, path, "", x, mf_tensor_weights_row(x));
         if (!rc) mf_model_sync_params(m, &t->arena, i, 1);
         for (int k = 0; train && k < MF_OPTIM_STATES && !rc; k++)
             if (x->st[k] >= 0) rc = load_state_row(t, &f, path, x->st[k]);

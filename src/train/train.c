@@ -5,6 +5,7 @@
 #include "memfit/half.h"
 #include "memfit/kernels.h"
 #include "memfit/optim.h"
+#include "memfit/quant.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -63,9 +64,18 @@ static int plan_once(const mf_config *cfg, mf_mode mode, int nthreads, const mf_
     mf_optim opt;
     if (mode == MF_MODE_TRAIN && mf_optim_init(&opt, cfg)) return -1;
     if (mode == MF_MODE_TRAIN) opt.zero = cfg->zero, opt.world = world, opt.rank = mf_dist_rank();
+    mf_lora_cfg lora;
+    if (mf_lora_parse(cfg->lora, &lora)) return -1;
+    /* --adapter without --lora: the adapter's own config says r and targets */
+    if (!lora.r && cfg->adapter[0] && mf_lora_read_config(cfg->adapter, &lora, NULL)) return -1;
+    if (!lora.r && cfg->save_adapter[0]) return mf_fail("save_adapter needs --lora (the adapter's rank and targets)");
+    if (!lora.r && strcmp(cfg->base_dtype, "fp32") != 0)
+        return mf_fail("base_dtype %s needs --lora (only a frozen base can be stored quantised)", cfg->base_dtype);
+    if (mf_quant_parse(cfg->base_dtype, &lora.base)) return mf_fail("base_dtype: %s", mf_error());
     if (mf_plan_init(plan, mf_model_n_phases(d, mode))) return -1;
-    if (mf_model_plan(model, plan, d, cfg->batch / world, T, mode, nthreads, cfg->loss_chunk, rc,
-                      mode == MF_MODE_TRAIN ? &opt : NULL) || mf_zero_plan(plan, model)) { mf_plan_free(plan); return -1; }
+    if (mf_model_plan_lora(model, plan, d, cfg->batch / world, T, mode, nthreads, cfg->loss_chunk, rc,
+                           mode == MF_MODE_TRAIN ? &opt : NULL, &lora) || mf_zero_plan(plan, model)) { mf_plan_free(plan); return -1; }
+    model->lora_seed = cfg->seed;
     mf_plan_layout(plan);
     return 0;
 }
@@ -145,21 +155,35 @@ int mf_tokenize_file(const mf_tokenizer *tok, const char *text_path, const char 
     return rc;
 }
 
+/* A corpus named instead of a path ("" = moby-dick, or sotu): its text in
+ * the cache (scripts/fetch_data.sh), tokenized once into NAME.<tokenizer>.tok
+ * beside it. Returns NULL (not a name) or the token file's path. */
+static int named_corpus(mf_trainer *t, const char *name, char *path, size_t n) {
+    char cache[MF_PATH_MAX], txt[MF_PATH_MAX + 32];
+    const char *fetch = strcmp(name, "sotu") == 0 ? "scripts/fetch_data.sh --sotu" : "scripts/fetch_data.sh";
+    mf_cache_dir(cache, sizeof cache);
+    snprintf(txt, sizeof txt, "%s/%s.txt", cache, name);
+    snprintf(path, n, "%s/%s.%s.tok", cache, name, t->d.tokenizer);
+    if (file_exists(path)) return 0;
+    if (!file_exists(txt)) return mf_fail("no training data: %s is missing (run %s, or give --data FILE.tok)", txt, fetch);
+    if (!t->tok && !(t->tok = mf_tokenizer_open(t->d.tokenizer, t->cfg.tokenizer_dir))) return -1;
+    return mf_tokenize_file(t->tok, txt, path);
+}
+
+static int is_corpus_name(const char *s) { return !s[0] || strcmp(s, "moby-dick") == 0 || strcmp(s, "sotu") == 0; }
+
 static int open_data(mf_trainer *t) {
-    char cache[MF_PATH_MAX], path[MF_PATH_MAX + 64];
+    char path[MF_PATH_MAX + 64], vpath[MF_PATH_MAX + 64];
     const char *data = t->cfg.data;
-    if (!data[0]) {
-        /* the default corpus, tokenized once into the cache */
-        char txt[MF_PATH_MAX + 32];
-        mf_cache_dir(cache, sizeof cache);
-        snprintf(txt, sizeof txt, "%s/moby-dick.txt", cache);
-        snprintf(path, sizeof path, "%s/moby-dick.%s.tok", cache, t->d.tokenizer);
-        if (!file_exists(path)) {
-            if (!file_exists(txt))
-                return mf_fail("no training data: %s is missing (run scripts/fetch_data.sh, or give --data FILE.tok)", txt);
-            if (mf_tokenize_file(t->tok, txt, path)) return -1;
-        }
+    /* the default corpus (moby-dick) or a named one, tokenized once into the cache;
+     * a file of that name in the working folder wins */
+    if (is_corpus_name(data) && !(data[0] && file_exists(data))) {
+        if (named_corpus(t, data[0] ? data : "moby-dick", path, sizeof path)) return -1;
         data = path;
+    }
+    if (t->cfg.val_data[0] && is_corpus_name(t->cfg.val_data) && !file_exists(t->cfg.val_data)) {
+        if (named_corpus(t, t->cfg.val_data, vpath, sizeof vpath)) return -1;
+        snprintf(t->cfg.val_data, sizeof t->cfg.val_data, "%s", vpath);
     }
     if (mf_tokfile_open(&t->train_file, data)) return -1;
     const char *kinds[] = {"bytes", "gpt2"};
@@ -276,6 +300,7 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     mf_model_init_weights(&t->model, &t->arena, cfg->seed);
     if (mode == MF_MODE_TRAIN && t->model.opt.offload_path[0] && (mf_offstate_open(t) || mf_offstate_zero(t))) goto fail;
     if (cfg->init[0] && mf_trainer_load_weights(t, cfg->init)) goto fail;
+    if (cfg->adapter[0] && mf_lora_load_adapter(&t->model, &t->arena, cfg->adapter)) goto fail;
     if (cfg->resume[0] && mf_trainer_load_checkpoint(t, cfg->resume)) goto fail;
     return 0;
 fail:
@@ -308,6 +333,7 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
     const mf_config *c = &t->cfg;
     for (int i = first; i < first + n; i++) {
         mf_tensor *x = &m->tensors[i];
+        if (x->frozen) continue;  /* LoRA's base */
         void *st[MF_OPTIM_STATES];
         for (int k = 0; k < MF_OPTIM_STATES; k++) st[k] = x->st[k] >= 0 ? mf_arena_get(a, x->st[k]) : NULL;
         /* ZeRO >= 1: this rank's shard (lo, hi) of the tensor; stage 2 keeps the gradient's shard apart */
@@ -337,7 +363,7 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
 static double grad_sumsq(mf_trainer *t, int first, int n) {
     double ss = 0;
     for (int i = first; i < first + n; i++)
-        ss += mf_sumsq(mf_arena_get(&t->arena, t->model.tensors[i].g), (size_t)t->model.tensors[i].numel);
+        if (!t->model.tensors[i].frozen) ss += mf_sumsq(mf_arena_get(&t->arena, t->model.tensors[i].g), (size_t)t->model.tensors[i].numel);
     return ss;
 }
 
@@ -374,6 +400,7 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
     for (int k = 0; k < accum; k++) {
         mf_arena_step(a);
         if (k == 0) mf_model_zero_grads(m, a);
+        m->lora_micro = (uint64_t)t->step * (uint64_t)accum + (uint64_t)k;  /* LoRA dropout's mask */
         mf_trainer_load_batch(t);
         loss += mf_model_forward(m, a, t->B, t->T, 1, dscale);
         mf_model_backward(m, a, t->B, t->T);
@@ -421,7 +448,7 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
         /* tensors without state (sgd, no momentum) update in place; the
          * rest stream their state through the windows */
         for (int i = 0; i < m->n_tensors; i++)
-            if (m->tensors[i].st[0] < 0) update_tensors(t, i, 1, gscale);
+            if (m->tensors[i].st[0] < 0 && !m->tensors[i].frozen) update_tensors(t, i, 1, gscale);
         if (mf_offstate_step(t, gscale)) return -1;
         mf_model_sync_params(m, a, 0, m->n_tensors);  /* 16-bit copies of the streamed master rows */
     } else if (!uib) update_tensors(t, 0, m->n_tensors, gscale);

@@ -1,0 +1,102 @@
+/* LoRA adapters on disk in PEFT's layout (what PeftModel.save_pretrained
+ * writes for a GPT-2 model): adapter_model.safetensors with the names
+ * base_model.model.transformer.h.{i}.<target>.lora_A.weight (r, in) and
+ * ...lora_B.weight (out, r), fp32, and adapter_config.json. */
+#include "memfit/io.h"
+#include "memfit/lora.h"
+#include "memfit/model.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define PEFT_PREFIX "base_model.model.transformer."
+
+int mf_lora_save_adapter(const mf_model *m, const mf_arena *a, const char *dir, const char *base_name) {
+    if (m->lora.r <= 0) return mf_fail("save_adapter: this model has no LoRA adapters");
+    if (mkdir(dir, 0755) && errno != EEXIST) return mf_fail("cannot create adapter folder %s: %s", dir, strerror(errno));
+    int n = m->n_tensors - m->lora_first;
+    mf_st_entry *e = calloc((size_t)n, sizeof *e);
+    char (*names)[128] = calloc((size_t)n, sizeof *names);
+    if (!e || !names) { free(e); free(names); return mf_fail("out of memory writing the adapter"); }
+    for (int i = 0; i < n; i++) {
+        const mf_tensor *t = &m->tensors[m->lora_first + i];
+        snprintf(names[i], sizeof names[i], PEFT_PREFIX "%s", t->name);
+        e[i] = (mf_st_entry){.name = names[i], .dtype = MF_DTYPE_F32, .ndim = 2, .shape = {t->shape[0], t->shape[1]},
+                             .data = mf_arena_ptr(a, t->p), .nbytes = (size_t)t->numel * sizeof(float)};
+    }
+    char path[MF_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    const char *mk[] = {"format"}, *mv[] = {"pt"};
+    int rc = mf_st_write(path, e, n, mk, mv, 1);
+    free(e);
+    free(names);
+    if (rc) return -1;
+    /* adapter_config.json: the keys PEFT's LoraConfig reads */
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    mf_atomic_file af;
+    if (mf_atomic_open(&af, path)) return -1;
+    fprintf(af.fp, "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n");
+    fprintf(af.fp, "  \"base_model_name_or_path\": \"");
+    for (const char *c = base_name ? base_name : ""; *c; c++) {
+        if (*c == '"' || *c == '\\') fputc('\\', af.fp);
+        if ((unsigned char)*c >= 0x20) fputc(*c, af.fp);
+    }
+    fprintf(af.fp, "\",\n  \"r\": %d,\n  \"lora_alpha\": %.9g,\n  \"lora_dropout\": %.9g,\n", m->lora.r,
+            (double)m->lora.alpha, (double)m->lora.dropout);
+    fprintf(af.fp, "  \"target_modules\": [");
+    int first = 1;
+    for (int k = 0; k < MF_LORA_TARGETS; k++)
+        if (m->lora.targets >> k & 1) fprintf(af.fp, "%s\"%s\"", first ? "" : ", ", mf_lora_target_name(k)), first = 0;
+    fprintf(af.fp, "],\n  \"fan_in_fan_out\": true,\n  \"bias\": \"none\",\n  \"inference_mode\": true,\n"
+                   "  \"init_lora_weights\": true,\n  \"modules_to_save\": null,\n  \"use_rslora\": false,\n"
+                   "  \"use_dora\": false\n}\n");
+    return mf_atomic_commit(&af);
+}
+
+int mf_lora_load_adapter(mf_model *m, mf_arena *a, const char *dir) {
+    if (m->lora.r <= 0) return mf_fail("adapter %s: this run has no --lora setting to load it into", dir);
+    /* the adapter's own config must agree with this run's (alpha scales the output) */
+    mf_lora_cfg fc;
+    if (mf_lora_read_config(dir, &fc, NULL)) return -1;
+    if (fc.r != m->lora.r || fc.alpha != m->lora.alpha || fc.targets != m->lora.targets) {
+        char t1[128], t2[128];
+        return mf_fail("adapter %s was made with r=%d,alpha=%g,targets=%s but this run has r=%d,alpha=%g,targets=%s "
+                       "(drop --lora to take the adapter's)", dir, fc.r, (double)fc.alpha, mf_lora_targets_str(&fc, t1, sizeof t1),
+                       m->lora.r, (double)m->lora.alpha, mf_lora_targets_str(&m->lora, t2, sizeof t2));
+    }
+    char path[MF_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    mf_st_file f;
+    if (mf_st_open(&f, path)) return -1;
+    int rc = 0, n = m->n_tensors - m->lora_first;
+    for (int i = 0; i < n && !rc; i++) {
+        const mf_tensor *t = &m->tensors[m->lora_first + i];
+        char nm[128];
+        snprintf(nm, sizeof nm, PEFT_PREFIX "%s", t->name);
+        const mf_st_tensor *s = mf_st_find(&f, nm);
+        if (!s) {
+            rc = mf_fail("%s: no tensor '%s' (the adapter's layers or targets differ from this --lora setting)", path, nm);
+            break;
+        }
+        if (s->dtype != MF_DTYPE_F32) rc = mf_fail("%s: '%s' is %s, expected F32", path, nm, mf_dtype_name(s->dtype));
+        else if (s->ndim != 2 || s->shape[0] != t->shape[0] || s->shape[1] != t->shape[1])
+            rc = mf_fail("%s: '%s' has shape [%lld, %lld], this run expects [%lld, %lld] (r %d)", path, nm,
+                         (long long)s->shape[0], (long long)(s->ndim > 1 ? s->shape[1] : 0), (long long)t->shape[0],
+                         (long long)t->shape[1], m->lora.r);
+        else memcpy(mf_arena_ptr(a, t->p), s->data, s->nbytes);
+    }
+    /* anything else in the file is an adapter this model would silently ignore */
+    for (int j = 0; j < f.n && !rc; j++) {
+        int known = 0;
+        for (int i = 0; i < n && !known; i++) {
+            char nm[128];
+            snprintf(nm, sizeof nm, PEFT_PREFIX "%s", m->tensors[m->lora_first + i].name);
+            known = strcmp(nm, f.tensors[j].name) == 0;
+        }
+        if (!known) rc = mf_fail("%s: unexpected tensor '%s' (not an adapter of this --lora setting)", path, f.tensors[j].name);
+    }
+    mf_st_close(&f);
+    return rc;
+}

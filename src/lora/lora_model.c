@@ -1,0 +1,73 @@
+/* LoRA hooks the GPT-2 model calls around its targeted matmuls, and the
+ * adapters' initialisation. The rows are the model's plan rows (gpt2.c
+ * declares them); this file only reads them through the arena. */
+#include "memfit/lora.h"
+#include "memfit/model.h"
+
+#include <string.h>
+
+int mf_lora_tensor(const mf_model *m, int l, int k) {
+    if (m->lora.r <= 0 || !(m->lora.targets >> k & 1)) return -1;
+    int nt = mf_lora_n_targets(&m->lora), pos = 0;
+    for (int j = 0; j < k; j++) pos += m->lora.targets >> j & 1;
+    return m->lora_first + 2 * (l * nt + pos);
+}
+
+/* the dropout scratch of the phase we are in (forward or backward) */
+static float *drop_scratch(mf_model *m, mf_arena *a) {
+    if (!m->lora_drop) return NULL;
+    int bwd = m->mode == MF_MODE_TRAIN && a->phase >= mf_phase_head_bwd(m);
+    return mf_arena_get(a, bwd ? m->lora_xb : m->lora_xf);
+}
+
+static float dropout_p(const mf_model *m) { return m->lora_drop ? m->lora.dropout : 0.0f; }
+
+static uint64_t dseed(const mf_model *m, int l, int k) {
+    return mf_lora_dropout_seed(m->lora_seed, m->lora_micro, l, k);
+}
+
+void mf_lora_layer_forward(mf_model *m, mf_arena *a, int l, int k, const float *x, float *y, int N) {
+    int i = mf_lora_tensor(m, l, k);
+    if (i < 0) return;
+    int in, out;
+    mf_lora_target_dims(k, m->d.C, &in, &out);
+    mf_lora_forward(y, mf_arena_get(a, m->lora_u), drop_scratch(m, a), x, mf_arena_get(a, m->tensors[i].p),
+                    mf_arena_get(a, m->tensors[i + 1].p), N, in, out, m->lora.r, mf_lora_scale(&m->lora),
+                    dropout_p(m), dseed(m, l, k));
+}
+
+void mf_lora_layer_backward_params(mf_model *m, mf_arena *a, int l, int k, const float *dy, const float *x, int N) {
+    int i = mf_lora_tensor(m, l, k);
+    if (i < 0) return;
+    int in, out;
+    mf_lora_target_dims(k, m->d.C, &in, &out);
+    mf_lora_backward_params(mf_arena_get(a, m->lora_du), mf_arena_get(a, m->tensors[i].g),
+                            mf_arena_get(a, m->tensors[i + 1].g), mf_arena_get(a, m->lora_u), drop_scratch(m, a), dy,
+                            x, mf_arena_get(a, m->tensors[i].p), mf_arena_get(a, m->tensors[i + 1].p), N, in, out,
+                            m->lora.r, mf_lora_scale(&m->lora), dropout_p(m), dseed(m, l, k));
+}
+
+void mf_lora_layer_backward_input(mf_model *m, mf_arena *a, int l, int k, float *dx, int N) {
+    int i = mf_lora_tensor(m, l, k);
+    if (i < 0) return;
+    int in, out;
+    mf_lora_target_dims(k, m->d.C, &in, &out);
+    mf_lora_backward_input(dx, drop_scratch(m, a), mf_arena_get(a, m->lora_du), mf_arena_get(a, m->tensors[i].p), N,
+                           in, m->lora.r, dropout_p(m), dseed(m, l, k));
+}
+
+void mf_lora_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
+    for (int i = m->lora_first; m->lora.r > 0 && i < m->n_tensors; i++) {
+        mf_tensor *t = &m->tensors[i];
+        float *p = mf_arena_ptr(a, t->p);
+        if (strstr(t->name, ".lora_A.")) mf_lora_init_a(p, (int)t->shape[0], (int)t->shape[1], seed ^ ((uint64_t)i << 32));
+        else memset(p, 0, (size_t)t->numel * sizeof(float));
+    }
+}
+
+int64_t mf_model_n_trainable(const mf_model *m) {
+    int64_t n = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!m->tensors[i].frozen) n += m->tensors[i].rows_file * (m->tensors[i].ndim > 1 ? m->tensors[i].shape[1] : 1);
+    return n;
+}

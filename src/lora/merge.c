@@ -1,0 +1,146 @@
+/* adapter_config.json reading, and memfit merge: folding an adapter into
+ * (or out of) a model file's weights, as PEFT's merge_and_unload does for
+ * GPT-2's Conv1D (fan_in_fan_out): W (in, out) += (alpha/r) * (B @ A)^T. */
+#include "memfit/io.h"
+#include "memfit/lora.h"
+
+#include <cblas.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PEFT_PREFIX "base_model.model.transformer."
+
+static char *slurp(const char *path, size_t max) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { mf_fail("%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    char *s = malloc(max + 1);
+    size_t n = s ? fread(s, 1, max, f) : 0;
+    int big = s && n == max && fgetc(f) != EOF;
+    fclose(f);
+    if (!s) { mf_fail("out of memory reading %s", path); return NULL; }
+    if (big) { free(s); mf_fail("%s: larger than %zu bytes, not an adapter config", path, max); return NULL; }
+    s[n] = 0;
+    return s;
+}
+
+int mf_lora_read_config(const char *dir, mf_lora_cfg *out, int *fan_in_fan_out) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    memset(out, 0, sizeof *out);
+    char *s = slurp(path, 1 << 20);
+    if (!s) return -1;
+    cJSON *j = cJSON_Parse(s);
+    free(s);
+    if (!j) return mf_fail("%s: not valid JSON", path);
+    int rc = 0;
+    const cJSON *pt = cJSON_GetObjectItem(j, "peft_type"), *r = cJSON_GetObjectItem(j, "r"),
+                *al = cJSON_GetObjectItem(j, "lora_alpha"), *dr = cJSON_GetObjectItem(j, "lora_dropout"),
+                *tm = cJSON_GetObjectItem(j, "target_modules"), *ff = cJSON_GetObjectItem(j, "fan_in_fan_out"),
+                *rs = cJSON_GetObjectItem(j, "use_rslora");
+    if (!cJSON_IsString(pt) || strcmp(pt->valuestring, "LORA") != 0) rc = mf_fail("%s: peft_type is not \"LORA\"", path);
+    else if (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble > 4096 || r->valuedouble != (int)r->valuedouble)
+        rc = mf_fail("%s: r is not a whole number in [1, 4096]", path);
+    else if (!cJSON_IsNumber(al) || !(al->valuedouble > 0)) rc = mf_fail("%s: lora_alpha is not a number > 0", path);
+    else if (cJSON_IsTrue(rs)) rc = mf_fail("%s: use_rslora (alpha/sqrt(r) scaling) is not supported", path);
+    else if (!cJSON_IsArray(tm) || cJSON_GetArraySize(tm) < 1) rc = mf_fail("%s: target_modules is not a list of names", path);
+    else {
+        out->r = (int)r->valuedouble;
+        out->alpha = (float)al->valuedouble;
+        out->dropout = cJSON_IsNumber(dr) ? (float)dr->valuedouble : 0.0f;
+        if (out->dropout < 0 || out->dropout >= 1) out->dropout = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, tm) {
+            int k = -1;
+            for (int q = 0; cJSON_IsString(it) && q < MF_LORA_TARGETS; q++)
+                if (strcmp(it->valuestring, mf_lora_target_name(q)) == 0) k = q;
+            if (k < 0) { rc = mf_fail("%s: target module '%s' is not one of attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj",
+                                      path, cJSON_IsString(it) ? it->valuestring : "?"); break; }
+            out->targets |= 1u << k;
+        }
+        if (fan_in_fan_out) *fan_in_fan_out = cJSON_IsTrue(ff);
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
+/* "h.3.attn.c_attn.weight" (optionally "transformer."-prefixed): the adapter
+ * names of its lora_A and lora_B into a, b; 0 if the name is not a target */
+static int adapter_names(const char *name, char *a, char *b, size_t n) {
+    if (strncmp(name, "transformer.", 12) == 0) name += 12;
+    int l, end = 0;
+    char rest[64];
+    if (sscanf(name, "h.%d.%63s%n", &l, rest, &end) != 2) return 0;
+    size_t rl = strlen(rest);
+    if (rl < 8 || strcmp(rest + rl - 7, ".weight") != 0) return 0;
+    rest[rl - 7] = 0;
+    for (int k = 0; k < MF_LORA_TARGETS; k++)
+        if (strcmp(rest, mf_lora_target_name(k)) == 0) {
+            snprintf(a, n, PEFT_PREFIX "h.%d.%s.lora_A.weight", l, rest);
+            snprintf(b, n, PEFT_PREFIX "h.%d.%s.lora_B.weight", l, rest);
+            return 1;
+        }
+    return 0;
+}
+
+int mf_lora_merge_file(const char *model_path, const char *adapter_dir, const char *out_path, int unmerge) {
+    mf_lora_cfg cfg;
+    int fifo = 0;
+    if (mf_lora_read_config(adapter_dir, &cfg, &fifo)) return -1;
+    if (!fifo) return mf_fail("%s/adapter_config.json: fan_in_fan_out is not true (GPT-2's Conv1D weights are (in, out))", adapter_dir);
+    char apath[1100];
+    snprintf(apath, sizeof apath, "%s/adapter_model.safetensors", adapter_dir);
+    mf_st_file mf, af;
+    if (mf_st_open(&mf, model_path)) return -1;
+    if (mf_st_open(&af, apath)) { mf_st_close(&mf); return -1; }
+    int rc = 0, used = 0;
+    mf_st_entry *e = calloc((size_t)mf.n, sizeof *e);
+    float **bufs = calloc((size_t)mf.n, sizeof *bufs);
+    if (!e || !bufs) rc = mf_fail("out of memory merging %s", model_path);
+    float s = (unmerge ? -1.0f : 1.0f) * mf_lora_scale(&cfg);
+    for (int i = 0; !rc && i < mf.n; i++) {
+        const mf_st_tensor *t = &mf.tensors[i];
+        e[i] = (mf_st_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data, .nbytes = t->nbytes};
+        memcpy(e[i].shape, t->shape, sizeof e[i].shape);
+        char an[160], bn[160];
+        if (!adapter_names(t->name, an, bn, sizeof an)) continue;
+        const mf_st_tensor *A = mf_st_find(&af, an), *B = mf_st_find(&af, bn);
+        if (!A && !B) continue;  /* a layer or target without an adapter */
+        if (!A || !B) { rc = mf_fail("%s: has only one of %s and %s", apath, an, bn); break; }
+        if (t->dtype != MF_DTYPE_F32 || t->ndim != 2) { rc = mf_fail("%s: '%s' is not a 2-D F32 weight", model_path, t->name); break; }
+        int64_t in = t->shape[0], out = t->shape[1];
+        if (A->dtype != MF_DTYPE_F32 || B->dtype != MF_DTYPE_F32 || A->ndim != 2 || B->ndim != 2 || A->shape[0] != cfg.r ||
+            A->shape[1] != in || B->shape[0] != out || B->shape[1] != cfg.r) {
+            rc = mf_fail("%s: %s / lora_B do not fit '%s' [%lld, %lld] with r %d (lora_A must be [r, in], lora_B [out, r], F32)",
+                         apath, an, t->name, (long long)in, (long long)out, cfg.r);
+            break;
+        }
+        bufs[i] = malloc(t->nbytes);
+        if (!bufs[i]) { rc = mf_fail("out of memory merging %s", t->name); break; }
+        memcpy(bufs[i], t->data, t->nbytes);
+        /* W (in,out) += s * A^T (in,r) @ B^T (r,out) = s * (B @ A)^T */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasTrans, (int)in, (int)out, cfg.r, s, A->data, (int)in, B->data, cfg.r,
+                    1.0f, bufs[i], (int)out);
+        e[i].data = bufs[i];
+        used += 2;
+    }
+    if (!rc && used != af.n)
+        rc = mf_fail("%s: %d of its %d tensors match no weight of %s (another model's adapter?)", apath, af.n - used, af.n,
+                     model_path);
+    if (!rc && used == 0) rc = mf_fail("%s: no adapter tensors", apath);
+    if (!rc) {
+        const char **mk = calloc((size_t)mf.n_meta + 1, sizeof *mk), **mv = calloc((size_t)mf.n_meta + 1, sizeof *mv);
+        if (!mk || !mv) rc = mf_fail("out of memory");
+        for (int i = 0; !rc && i < mf.n_meta; i++) mk[i] = mf.meta_keys[i], mv[i] = mf.meta_vals[i];
+        if (!rc) rc = mf_st_write(out_path, e, mf.n, mk, mv, mf.n_meta);
+        free(mk);
+        free(mv);
+    }
+    for (int i = 0; bufs && i < mf.n; i++) free(bufs[i]);
+    free(bufs);
+    free(e);
+    mf_st_close(&af);
+    mf_st_close(&mf);
+    return rc;
+}
