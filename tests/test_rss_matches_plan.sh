@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Peak RSS of real training runs is within max(3%, 32 MiB) of the measured
 # baseline plus the planned arena, and the ledger equals the plan, for
-# models from 1M to 124M parameters, every recompute policy and every
-# optimizer, and LoRA on a frozen base (fp32 and NF4). (Release build only: sanitizers change the process's memory.)
+# models from 1M to 124M parameters, every recompute policy, every
+# optimizer, every precision, and LoRA on a frozen base (fp32 and NF4).
+# (Release build only: sanitizers change the process's memory.)
 set -u
 M=${MEMFIT_BIN:?}
 W=$(mktemp -d /tmp/memfit-rss-XXXXXX)
@@ -44,6 +45,12 @@ for o in adamw8bit adafactor sgd; do
 done
 run gpt2-124m-B2-T256-adamw8bit-uib --model gpt2-124m --batch 2 --seq 256 --steps 1 --optimizer adamw8bit \
   --update_in_backward --grad_clip 0 --recompute full
+# mixed precision: 16-bit rows, master rows, the GEMM library warmed up
+# before the baseline (and the planner's choice of bf16 under a budget)
+run gpt2-10m-B8-T256-bf16 --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16
+run gpt2-10m-B8-T256-bf16-nomaster-full --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16 --master_weights=0 --recompute full
+run gpt2-10m-B8-T256-fp16 --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision fp16
+run gpt2-124m-B2-T256-bf16 --model gpt2-124m --batch 2 --seq 256 --steps 1 --precision bf16
 # optimizer state in a file: resident state is the two windows
 run gpt2-10m-B8-T256-offload --model gpt2-10m --batch 8 --seq 256 --steps 2 --offload "optimizer=disk:$W/state.bin"
 # loading a checkpoint after the arena exists must not add the file to the peak

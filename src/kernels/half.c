@@ -4,6 +4,7 @@
  * be built with -ffast-math). */
 #include "memfit/half.h"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #define PAR_MIN 65536 /* below this, one thread */
@@ -77,7 +78,31 @@ void mf_fp16_from_f32(mf_fp16 *out, const float *in, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = mf_f32_to_fp16(in[i]);
 }
 
+/* F16C's vcvtph2ps widens 8 values per instruction, exactly (the same
+ * results as mf_fp16_to_f32, subnormals included); chosen at run time */
+__attribute__((target("f16c,avx"))) static void widen_f16c(float *out, const mf_fp16 *in, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(in + i))));
+    for (; i < n; i++) out[i] = mf_fp16_to_f32(in[i]);
+}
+
+static int have_f16c(void) {
+    static int v = -1;
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    }
+    return v;
+}
+
 void mf_f32_from_fp16(float *out, const mf_fp16 *in, size_t n) {
+    if (have_f16c()) {
+        const size_t blk = 16384, nb = (n + blk - 1) / blk;
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+        for (size_t k = 0; k < nb; k++) widen_f16c(out + k * blk, in + k * blk, n - k * blk < blk ? n - k * blk : blk);
+        return;
+    }
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
     for (size_t i = 0; i < n; i++) out[i] = mf_fp16_to_f32(in[i]);
 }

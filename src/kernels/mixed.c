@@ -98,29 +98,44 @@ void mf_gelu_forward16(void *out, mf_dtype dt, const float *inp, size_t n) {
 
 /* ---- GEMM -------------------------------------------------------------- */
 
-/* fp16: C = op(A) @ op(B) summed over K-blocks of MF_F16_KB, each block of
- * both operands widened to fp32 (exact) into scratch first. */
+/* fp16: C = op(A) @ op(B) summed over K-blocks, each block of both
+ * operands widened to fp32 (exact) into scratch first, in the operands'
+ * stored layout (contiguous runs), and sgemm told about the transposes.
+ * A block holds at most MF_F16_PANEL floats of both panels (and at least
+ * MF_F16_KB rows of K when that is more), so a long K (the head's
+ * backward) takes few blocks: each block costs OpenMP regions that are
+ * slow on a loaded machine. */
+#define MF_F16_PANEL ((size_t)4 << 20)
+static int f16_kb(int M, int N, int K) {
+    size_t kb = MF_F16_PANEL / ((size_t)M + (size_t)N);
+    if (kb < MF_F16_KB) kb = MF_F16_KB;
+    return kb > (size_t)K ? K : (int)kb;
+}
+
 static size_t f16_scratch(int M, int N, int K) {
-    size_t kb = K < MF_F16_KB ? (size_t)K : MF_F16_KB;
-    return kb * ((size_t)M + (size_t)N) * sizeof(float);
+    return (size_t)f16_kb(M, N, K) * ((size_t)M + (size_t)N) * sizeof(float);
+}
+
+/* rows x cols of a row-major fp16 matrix with leading dimension ld, from
+ * (r0, c0), widened into out (rows x cols, dense) */
+static void widen_block(float *out, const mf_fp16 *in, int rows, int cols, size_t ld, int r0, int c0) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols >= MF_PAR_MIN)
+    for (int i = 0; i < rows; i++) mf_f32_from_fp16(out + (size_t)i * cols, in + (size_t)(r0 + i) * ld + c0, (size_t)cols);
 }
 
 static void f16_gemm(float *C, const mf_fp16 *A, const mf_fp16 *B, int M, int N, int K, int tA, int tB,
                      float beta, float *scratch) {
-    const int kbmax = K < MF_F16_KB ? K : MF_F16_KB;
+    const int kbmax = f16_kb(M, N, K);
     float *a = scratch, *b = scratch + (size_t)M * kbmax;
     for (int k0 = 0; k0 < K; k0 += kbmax) {
         const int kb = K - k0 < kbmax ? K - k0 : kbmax;
-        /* a (M,kb) = op(A)[:, k0:k0+kb]; b (kb,N) = op(B)[k0:k0+kb, :] */
-#pragma omp parallel for schedule(static) if ((size_t)M * kb >= MF_PAR_MIN)
-        for (int i = 0; i < M; i++)
-            for (int k = 0; k < kb; k++)
-                a[(size_t)i * kb + k] = mf_fp16_to_f32(tA ? A[(size_t)(k0 + k) * M + i] : A[(size_t)i * K + k0 + k]);
-#pragma omp parallel for schedule(static) if ((size_t)N * kb >= MF_PAR_MIN)
-        for (int j = 0; j < N; j++)
-            for (int k = 0; k < kb; k++)
-                b[(size_t)k * N + j] = mf_fp16_to_f32(tB ? B[(size_t)j * K + k0 + k] : B[(size_t)(k0 + k) * N + j]);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, kb, 1.0f, a, kb, b, N, k0 ? 1.0f : beta, C, N);
+        /* A stored (M,K): columns k0.. of every row; stored (K,M): rows k0.. */
+        if (tA) widen_block(a, A, kb, M, (size_t)M, k0, 0);
+        else widen_block(a, A, M, kb, (size_t)K, 0, k0);
+        if (tB) widen_block(b, B, N, kb, (size_t)K, 0, k0);
+        else widen_block(b, B, kb, N, (size_t)N, k0, 0);
+        cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans, tB ? CblasTrans : CblasNoTrans, M, N, kb, 1.0f, a,
+                    tA ? M : kb, b, tB ? kb : N, k0 ? 1.0f : beta, C, N);
     }
 }
 

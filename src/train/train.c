@@ -276,7 +276,10 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     if (mode == MF_MODE_TRAIN) {
         mf_optim o;
         if (mf_optim_init(&o, cfg)) goto fail;
-        mf_model_gemm16_warmup(&t->d, o.compute, t->B, t->T, cfg->loss_chunk, 1);
+        /* the planner may choose bf16 under --allow lossy: its GEMM library
+         * is then in the baseline either way */
+        mf_dtype wd = search && strcmp(cfg->allow, "lossy") == 0 && o.compute == MF_DTYPE_F32 ? MF_DTYPE_BF16 : o.compute;
+        mf_model_gemm16_warmup(&t->d, wd, t->B, t->T, cfg->loss_chunk, 1);
     }
     mf_ledger_init(&t->ledger);
     t->ledger.rss_baseline = mf_rss_current();
