@@ -3,6 +3,7 @@
 #include "memfit/core.h"
 #include "memfit/data.h"
 #include "memfit/dist.h"
+#include "memfit/kernels.h"
 #include "memfit/model.h"
 #include "memfit/monitor.h"
 #include "memfit/planner.h"
@@ -582,6 +583,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     blas_coretype_setup(argc, argv);
     if (argc < 2) { usage(stderr); return 2; }
+    if (mf_kernels_isa_init()) return die(mf_error());
     const char *cmd = argv[1];
     /* under mpirun: MPI starts first and ends with the command's status */
     if (strcmp(cmd, "train") == 0) return mf_dist_finish(mf_dist_init() ? die(mf_error()) : cmd_train(argc - 2, argv + 2, 0));
