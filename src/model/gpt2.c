@@ -511,19 +511,20 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
     /* FlashAttention: only the output and each row's log-sum-exp are kept;
      * the T x T scores are recomputed tile by tile in backward */
     mf_flash_attention_forward(atty, lse, qkv, B, T, C, NH);
-    /* xmid = x + atty @ Wproj + b: the projection is added straight into the
-     * residual stream, so it never needs a buffer of its own; xmid is kept
-     * because ln_2's backward needs its input */
+    /* xmid = x + (atty @ Wproj + b): the GEMM writes xmid (beta = 0), then
+     * one pass per row adds the residual and the bias and computes ln_2
+     * while the row is in cache (xmid is kept: ln_2's backward reads it) */
     float *xmid = BUF(A->xmid);
-    memcpy(xmid, x, (size_t)N * C * sizeof(float));
-    mf_matmul_forward(xmid, atty, P(l, PROJW), P(l, PROJB), N, C, C, 1);
-    mf_layernorm_forward(ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), xmid, P(l, LN2W), P(l, LN2B), N, C);
-    mf_matmul_forward(fch, ln2, P(l, FCW), P(l, FCB), N, C, 4 * C, 0);
-    mf_gelu_forward(fchg, fch, (size_t)N * 4 * C);
+    mf_matmul_forward(xmid, atty, P(l, PROJW), NULL, N, C, C, 0);
+    mf_residual_layernorm_forward(xmid, ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), x, P(l, PROJB),
+                                  P(l, LN2W), P(l, LN2B), N, C);
+    /* fch = ln2 @ Wfc (beta = 0), then its bias and the GELU in one pass */
+    mf_matmul_forward(fch, ln2, P(l, FCW), NULL, N, C, 4 * C, 0);
+    mf_bias_gelu_forward(fchg, fch, P(l, FCB), N, 4 * C);
     if (!write_out) return;
     float *out = BUF(res[l + 1]);
-    memcpy(out, xmid, (size_t)N * C * sizeof(float));
-    mf_matmul_forward(out, fchg, P(l, FCPW), P(l, FCPB), N, 4 * C, C, 1);
+    mf_matmul_forward(out, fchg, P(l, FCPW), NULL, N, 4 * C, C, 0);
+    mf_residual_forward(out, xmid, P(l, FCPB), N, C);
 }
 
 static float *tensor_g(mf_model *m, mf_arena *a, int i) { return mf_arena_get(a, m->tensors[i].g); }
