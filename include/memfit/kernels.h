@@ -100,6 +100,17 @@ double mf_sumsq(const float *x, size_t n);
 /* x *= s */
 void mf_scale(float *x, float s, size_t n);
 
+/* fp32 GEMM, row-major, C (M,N) = alpha op(A) op(B) + beta C, op = transpose
+ * if ta/tb; beta = 0 never reads C. Every fp32 product of the model goes
+ * here (not the attention tiles). Backend: oneDNN's sgemm by default, or
+ * OpenBLAS with MEMFIT_GEMM=openblas (auto | onednn | openblas).
+ * mf_sgemm_init returns -1 (message via mf_error) for a bad MEMFIT_GEMM;
+ * mf_sgemm_name gives "onednn" or "openblas". */
+void mf_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+              float beta, float *C, int ldc);
+int mf_sgemm_init(void);
+const char *mf_sgemm_name(void);
+
 /* Kernel instruction set. mf_kernels_isa_init picks it once: MEMFIT_ISA
  * = auto (default: avx512 where the CPU has AVX-512F/BW/VL/DQ, else
  * portable), portable, or avx512; returns -1 (message via mf_error) for a

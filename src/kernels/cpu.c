@@ -1,7 +1,7 @@
-/* fp32 CPU kernels: the public entry points. Matmuls are here (CBLAS); the
- * element-wise and row-wise kernels (encoder, layernorm, bias, GELU,
- * residual, cross-entropy, gradient-norm helpers) forward to the table that
- * isa.c picks at run time, whose bodies are in kern_body.h (portable and
+/* fp32 CPU kernels: the public entry points. Matmuls are here, their GEMMs
+ * through mf_sgemm (gemm.c: oneDNN or OpenBLAS); the element-wise and
+ * row-wise kernels (encoder, layernorm, bias, GELU, residual, cross-entropy,
+ * gradient-norm helpers) forward to the table that isa.c picks at run time, whose bodies are in kern_body.h (portable and
  * AVX-512 builds of the same C). Attention lives in attention.c and
  * flash_attention.c.
  *
@@ -9,18 +9,17 @@
  * are cited there once per layer. Three rules hold throughout:
  *  - no allocation: every buffer comes from the caller, and per-thread
  *    temporaries are small fixed-size stack arrays;
- *  - GEMMs go to CBLAS on the (in, out) weight layout directly, never
+ *  - GEMMs go to mf_sgemm on the (in, out) weight layout directly, never
  *    through transposed copies;
  *  - every reduction that crosses rows (parameter gradients, sums of squares)
  *    is split by columns or into a fixed number of chunks, so each output is
  *    summed in the same order whatever the thread count: results are
- *    bit-identical run to run and across OMP_NUM_THREADS (BLAS aside).
+ *    bit-identical run to run and across OMP_NUM_THREADS (GEMMs aside).
  */
 #include "memfit/kernels.h"
 #include "memfit/core.h"
 #include "isa.h"
 
-#include <cblas.h>
 #include <math.h>
 
 /* ---- matmul ---------------------------------------------------------- */
@@ -43,8 +42,7 @@ void mf_matmul_forward(float *out, const float *inp, const float *w,
     }
     /* beta = 0 makes BLAS overwrite out without reading it (NaN-poisoned
      * buffers stay harmless) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, C,
-                1.0f, inp, C, w, OC, beta, out, OC);
+    mf_sgemm(0, 0, N, OC, C, 1.0f, inp, C, w, OC, beta, out, OC);
 }
 
 void mf_matmul_backward(float *dinp, float *dw, float *dbias,
@@ -57,11 +55,9 @@ void mf_matmul_backward(float *dinp, float *dw, float *dbias,
     }
     /* dw (C,OC) += inp^T (C,N) @ dout (N,OC), first: inp may be dinp's
      * buffer (a rebuilt GELU output lives in the gradient scratch) */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N,
-                1.0f, inp, C, dout, OC, 1.0f, dw, OC);
+    mf_sgemm(1, 0, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, OC);
     if (dinp) /* dinp (N,C) = dout (N,OC) @ w^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC,
-                    1.0f, dout, OC, w, OC, 0.0f, dinp, C);
+        mf_sgemm(0, 1, N, C, OC, 1.0f, dout, OC, w, OC, 0.0f, dinp, C);
     if (dbias) mf_kernels_isa_get()->bias_backward(dbias, dout, N, OC);
 }
 

@@ -25,6 +25,7 @@ int mf_kernels_isa_avx512_ok(void) {
 static void pick(void) {
     const char *e = getenv("MEMFIT_ISA");
     int ok = mf_kernels_isa_avx512_ok();
+    (void)ok; /* unused where the build has no avx512 table */
     g_isa = &mf_kernels_portable;
     if (!e || !*e || strcmp(e, "auto") == 0) {
 #ifdef MF_HAVE_AVX512_TABLE
@@ -52,7 +53,7 @@ const mf_kernel_isa *mf_kernels_isa_get(void) {
 int mf_kernels_isa_init(void) {
     pthread_once(&g_once, pick);
     if (g_err[0]) return mf_fail("%s", g_err);
-    return 0;
+    return mf_sgemm_init(); /* the GEMM backend's variable too */
 }
 
 const char *mf_kernels_isa_name(void) { return mf_kernels_isa_get()->name; }

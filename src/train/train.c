@@ -48,6 +48,11 @@ void mf_blas_warmup(const mf_dims *d, int rows) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, c, N, b, K, 0.0f, a, K);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0f, c, N, a, K, 1.0f, b, K);
+        /* and the same through mf_sgemm's backend (oneDNN by default), whose
+         * packing buffers come from malloc on each call */
+        mf_sgemm(0, 1, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
+        mf_sgemm(0, 0, M, K, N, 1.0f, c, N, b, K, 0.0f, a, K);
+        mf_sgemm(1, 0, N, K, M, 1.0f, c, N, a, K, 1.0f, b, K);
     }
     free(a);
     free(b);
