@@ -1,10 +1,13 @@
-/* Times a square fp32 GEMM (cblas_sgemm, C = A B, row-major, no transposes)
- * on the BLAS memfit links and prints its median GFLOP/s: the machine's GEMM
- * rate that bench/throughput compares memfit's model FLOP rate against.
- * Not a test.
- *   sgemm [N=2048] [reps=7] [threads=all]
- * Prints one line: "sgemm N=2048 threads=2 median_s=... gflops=..." */
+/* Times a square fp32 GEMM (C = A B, row-major, no transposes) on both
+ * libraries memfit links, OpenBLAS (cblas_sgemm) and oneDNN (dnnl_sgemm),
+ * alternating, and prints each one's median GFLOP/s and the faster of the
+ * two: the machine's GEMM rate that bench/throughput compares memfit's model
+ * FLOP rate against. Not a test.
+ *   bench_sgemm [N=2048] [reps=7] [threads=all]
+ * Prints one line:
+ *   "sgemm N=2048 threads=2 openblas=... onednn=... gflops=<the faster>" */
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,21 +34,29 @@ int main(int argc, char **argv) {
     openblas_set_num_threads(th);
     size_t nn = (size_t)n * n;
     float *a = malloc(nn * 4), *b = malloc(nn * 4), *c = malloc(nn * 4);
-    double *t = malloc((size_t)reps * sizeof *t);
-    if (!a || !b || !c || !t) {
+    double *t = malloc((size_t)reps * sizeof *t), *u = malloc((size_t)reps * sizeof *u);
+    if (!a || !b || !c || !t || !u) {
         fprintf(stderr, "sgemm: out of memory for N=%d\n", n);
         return 1;
     }
     for (size_t i = 0; i < nn; i++) a[i] = (float)(i % 97) * 0.01f, b[i] = (float)(i % 89) * 0.01f, c[i] = 0;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
-    for (int r = 0; r < reps; r++) {
+    for (int r = -1; r < reps; r++) { /* r = -1: warm-up of both */
         double t0 = now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        t[r] = now() - t0;
+        double t1 = now();
+        if (dnnl_sgemm('N', 'N', n, n, n, 1.0f, a, n, b, n, 0.0f, c, n) != dnnl_success) {
+            fprintf(stderr, "sgemm: dnnl_sgemm failed\n");
+            return 1;
+        }
+        double t2 = now();
+        if (r >= 0) t[r] = t1 - t0, u[r] = t2 - t1;
     }
     qsort(t, (size_t)reps, sizeof *t, cmpd);
-    double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
-    printf("sgemm N=%d threads=%d median_s=%.5f gflops=%.1f\n", n, th, med, 2.0 * n * (double)n * n / med * 1e-9);
-    free(a), free(b), free(c), free(t);
+    qsort(u, (size_t)reps, sizeof *u, cmpd);
+    double f = 2.0 * n * (double)n * n * 1e-9;
+    double ob = f / (reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]));
+    double dn = f / (reps % 2 ? u[reps / 2] : 0.5 * (u[reps / 2 - 1] + u[reps / 2]));
+    printf("sgemm N=%d threads=%d openblas=%.1f onednn=%.1f gflops=%.1f\n", n, th, ob, dn, ob > dn ? ob : dn);
+    free(a), free(b), free(c), free(t), free(u);
     return 0;
 }
