@@ -40,6 +40,7 @@ expect_error bad-plan "config key 'plan'" "$M" train "${tiny[@]}" --data "$W/goo
 expect_error bad-health-levels "health_levels" "$M" train "${tiny[@]}" --data "$W/good.tok" --health_levels 0.9,0.8,0.95,0.97
 expect_error bad-isa "MEMFIT_ISA='bogus' is not auto, portable or avx512" env MEMFIT_ISA=bogus "$M" train "${tiny[@]}" --data "$W/good.tok"
 expect_error bad-gemm "MEMFIT_GEMM='bogus' is not auto, onednn or openblas" env MEMFIT_GEMM=bogus "$M" train "${tiny[@]}" --data "$W/good.tok"
+expect_error bad-omp-wait "config key 'omp_wait'" "$M" train "${tiny[@]}" --data "$W/good.tok" --omp_wait sometimes
 expect_error effective-batch "not a multiple of batch" "$M" train "${tiny[@]}" --data "$W/good.tok" --effective_batch 3
 expect_error plan-effective-batch "is not effective_batch" "$M" plan --model gpt2-1m --batch 2 --grad_accum 2 --effective_batch 6
 # the arena cannot be mapped (address space limited): the plan by category
