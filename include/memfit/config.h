@@ -62,6 +62,7 @@ typedef struct {
     char health_levels[64];   /* fractions of the budget: target,warning,critical,emergency */
     int threads;
     char blas_coretype[16];
+    char omp_wait[16];        /* auto | active | passive | env: OMP_WAIT_POLICY (cli/main.c) */
     int loss_chunk;           /* logits rows computed at a time (0 = all) */
     char recompute[16];       /* none | full */
     int log_every;

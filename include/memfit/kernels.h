@@ -7,7 +7,9 @@
  * stored in Hugging Face Conv1D layout (in, out), so y = x @ W + b. Backward
  * functions ACCUMULATE (+=) into parameter gradients and into the input
  * gradient where the comment says "accumulates"; otherwise they overwrite.
- * Kernels run OpenMP-parallel inside and call BLAS for GEMMs.
+ * Kernels run OpenMP-parallel inside and call BLAS for GEMMs. The
+ * element-wise and row-wise kernels exist in a portable and an AVX-512 build
+ * of the same C; one is picked at run time (see mf_kernels_isa_name).
  */
 #ifndef MEMFIT_KERNELS_H
 #define MEMFIT_KERNELS_H
@@ -64,8 +66,20 @@ void mf_attention_backward(float *dqkv, float *scratch, const float *dout,
 /* Scratch floats the backward needs for `nthreads` OpenMP threads. */
 size_t mf_attention_scratch_floats(int T, int nthreads);
 
+/* Residual adds fused with what reads them. The GEMM before them writes x
+ * (beta = 0); then x (N,C) = res + (x + bias) (bias may be NULL), and for
+ * the second form out = layernorm(x) as mf_layernorm_forward would give,
+ * in the same pass over each row. res may not alias x or out. */
+void mf_residual_forward(float *x, const float *res, const float *bias, int N, int C);
+void mf_residual_layernorm_forward(float *x, float *out, float *mean, float *rstd,
+                                   const float *res, const float *bias, const float *w,
+                                   const float *b, int N, int C);
+
 /* GELU, tanh approximation (GPT-2's "gelu_new"); out may be inp (in place). */
 void mf_gelu_forward(float *out, const float *inp, size_t n);
+/* pre (N,OC) += bias, then out = gelu(pre), in one pass (the FC layer's
+ * bias and activation after a beta = 0 GEMM into pre). out may be pre. */
+void mf_bias_gelu_forward(float *out, float *pre, const float *bias, int N, int OC);
 /* dinp = gelu'(inp) * dout; dinp may alias dout. */
 void mf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 
@@ -88,6 +102,26 @@ void mf_classifier_backward(float *dx, float *dwte, const float *dlogits, const 
 double mf_sumsq(const float *x, size_t n);
 /* x *= s */
 void mf_scale(float *x, float s, size_t n);
+
+/* fp32 GEMM, row-major, C (M,N) = alpha op(A) op(B) + beta C, op = transpose
+ * if ta/tb; beta = 0 never reads C. Every fp32 product of the model goes
+ * here (not the attention tiles). Backend: oneDNN's sgemm by default, or
+ * OpenBLAS with MEMFIT_GEMM=openblas (auto | onednn | openblas).
+ * mf_sgemm_init returns -1 (message via mf_error) for a bad MEMFIT_GEMM;
+ * mf_sgemm_name gives "onednn" or "openblas". */
+void mf_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+              float beta, float *C, int ldc);
+int mf_sgemm_init(void);
+const char *mf_sgemm_name(void);
+
+/* Kernel instruction set. mf_kernels_isa_init picks it once: MEMFIT_ISA
+ * = auto (default: avx512 where the CPU has AVX-512F/BW/VL/DQ, else
+ * portable), portable, or avx512; returns -1 (message via mf_error) for a
+ * value that cannot be honoured. Any kernel call makes the same choice
+ * (and stops the program on a bad value) if init was not called.
+ * mf_kernels_isa_name returns "avx512" or "portable". */
+int mf_kernels_isa_init(void);
+const char *mf_kernels_isa_name(void);
 
 /* Causal attention without the T x T matrix (FlashAttention, Dao 2022):
  * qkv (B,T,3C) as for mf_attention_forward; out (B,T,C); lse (B,NH,T) gets

@@ -3,6 +3,7 @@
 #include "memfit/core.h"
 #include "memfit/data.h"
 #include "memfit/dist.h"
+#include "memfit/kernels.h"
 #include "memfit/model.h"
 #include "memfit/monitor.h"
 #include "memfit/planner.h"
@@ -51,14 +52,14 @@ static const char *arg_value(int argc, char **argv, const char *key) {
     return NULL;
 }
 
-static void blas_coretype_setup(int argc, char **argv) {
-    if (getenv("MEMFIT_REEXEC")) return;
+/* returns 1 if it changed the environment (a re-exec is needed) */
+static int blas_coretype_setup(int argc, char **argv) {
     const char *want = arg_value(argc, argv, "blas_coretype");
     if (!want) want = getenv("MEMFIT_BLAS_CORETYPE");
     if (!want) want = "auto";
     const char *cur = getenv("OPENBLAS_CORETYPE");
     int change = 0;
-    if (strcmp(want, "env") == 0) return;
+    if (strcmp(want, "env") == 0) return 0;
     if (strcmp(want, "auto") == 0) {
         __builtin_cpu_init();
         int avx512 = __builtin_cpu_supports("avx512f");
@@ -71,10 +72,50 @@ static void blas_coretype_setup(int argc, char **argv) {
         setenv("OPENBLAS_CORETYPE", want, 1);
         change = 1;
     }
+    return change;
+}
+
+/* ---- OpenMP wait policy -----------------------------------------------
+ * libgomp reads OMP_WAIT_POLICY when it loads, so like the BLAS core type
+ * it is set before a re-exec. A thread that reaches a barrier first spins
+ * (by default, for a while) waiting for the others. On a machine where other
+ * processes compete for the cores, the partner it waits for is often not
+ * running, and the spin burns the very time slice the partner needs: on the
+ * 2-core project machine at load 18, a bytes-level L4 C256 model trained at
+ * 457-538 tokens/s spinning and 2157-2179 sleeping (docs/performance.md).
+ * "auto" sleeps (passive) when the 1-minute load average at start is at
+ * least the number of online cores and OMP_WAIT_POLICY is unset, and keeps
+ * libgomp's default otherwise; "active" / "passive" force one; "env" keeps
+ * the environment. An invalid value is left for the config parser to
+ * report. Returns 1 if it changed the environment. */
+static int omp_wait_setup(int argc, char **argv) {
+    const char *want = arg_value(argc, argv, "omp_wait");
+    if (!want) want = getenv("MEMFIT_OMP_WAIT");
+    if (!want) want = "auto";
+    const char *cur = getenv("OMP_WAIT_POLICY"), *set = NULL;
+    if (strcmp(want, "auto") == 0) {
+        double la;
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        if (cur || getloadavg(&la, 1) != 1 || ncpu < 1 || la < (double)ncpu) return 0;
+        set = "passive";
+    } else if (strcmp(want, "active") == 0 || strcmp(want, "passive") == 0) {
+        set = want;
+    } else {
+        return 0;
+    }
+    if (cur && strcasecmp(cur, set) == 0) return 0;
+    setenv("OMP_WAIT_POLICY", set, 1);
+    return 1;
+}
+
+static void env_setup(int argc, char **argv) {
+    if (getenv("MEMFIT_REEXEC")) return;
+    int change = blas_coretype_setup(argc, argv);
+    change |= omp_wait_setup(argc, argv);
     if (!change) return;
     setenv("MEMFIT_REEXEC", "1", 1);
     execv("/proc/self/exe", argv);
-    /* if re-exec fails we carry on with the kernels we have */
+    /* if re-exec fails we carry on with the environment we loaded with */
 }
 
 /* ---- commands ---------------------------------------------------------- */
@@ -589,8 +630,9 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-    blas_coretype_setup(argc, argv);
+    env_setup(argc, argv);
     if (argc < 2) { usage(stderr); return 2; }
+    if (mf_kernels_isa_init()) return die(mf_error());
     const char *cmd = argv[1];
     /* under mpirun: MPI starts first and ends with the command's status */
     if (strcmp(cmd, "train") == 0) return mf_dist_finish(mf_dist_init() ? die(mf_error()) : cmd_train(argc - 2, argv + 2, 0));

@@ -1,4 +1,5 @@
 #include "report.h"
+#include "memfit/kernels.h"
 #include "memfit/dist.h"
 #include "memfit/half.h"
 #include "memfit/monitor.h"
@@ -75,7 +76,11 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
         fprintf(f, "data parallel: %d ranks of batch %d (global batch %d), ZeRO stage %d; memory below is per rank\n",
                 t->world, t->B, t->B * t->world, t->model.opt.zero);
     const char *ct = getenv("OPENBLAS_CORETYPE");
-    fprintf(f, "BLAS: OpenBLAS %s kernels (OPENBLAS_CORETYPE %s)\n", openblas_get_corename(), ct ? ct : "unset");
+    fprintf(f, "BLAS: OpenBLAS %s kernels (OPENBLAS_CORETYPE %s); fp32 GEMM %s (MEMFIT_GEMM %s); memfit kernels %s (MEMFIT_ISA %s); OMP_WAIT_POLICY %s\n",
+            openblas_get_corename(), ct ? ct : "unset", mf_sgemm_name(),
+            getenv("MEMFIT_GEMM") ? getenv("MEMFIT_GEMM") : "unset", mf_kernels_isa_name(),
+            getenv("MEMFIT_ISA") ? getenv("MEMFIT_ISA") : "unset",
+            getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "unset");
     print_plan_line(f, &t->plan, t->ledger.rss_baseline, t->cfg.budget);
     if (t->planned) {
         char a[256], b[32], c[32], d[32];

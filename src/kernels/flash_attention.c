@@ -40,6 +40,13 @@
 
 #ifndef MF_FLASH_NO_BLAS
 #include <cblas.h>
+#ifdef MF_FA_ONEDNN /* tiles through mf_sgemm (oneDNN): measured no faster here, see docs/performance.md */
+#define MF_FA_SGEMM mf_sgemm
+#else
+#define MF_FA_SGEMM(ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc) \
+    cblas_sgemm(CblasRowMajor, (ta) ? CblasTrans : CblasNoTrans, (tb) ? CblasTrans : CblasNoTrans, M, N, K, al, A, \
+                lda, B, ldb, be, C, ldc)
+#endif
 #endif
 
 /* Tile sizes. A 64 x 64 fp32 score tile is 16 KiB (L1-sized); with hs up to
@@ -57,8 +64,7 @@ static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline void tile_abt(float *S, int lds, const float *A, int lda,
                             const float *Bm, int ldb, int n, int m, int k, float alpha) {
 #ifndef MF_FLASH_NO_BLAS
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k,
-                alpha, A, lda, Bm, ldb, 0.0f, S, lds);
+    MF_FA_SGEMM(0, 1, n, m, k, alpha, A, lda, Bm, ldb, 0.0f, S, lds);
 #else
     for (int i = 0; i < n; i++) {
         const float *a = A + (size_t)i * lda;
@@ -77,8 +83,7 @@ static inline void tile_abt(float *S, int lds, const float *A, int lda,
 static inline void tile_ab_acc(float *O, int ldo, const float *P, int ldp,
                                const float *V, int ldv, int n, int m, int k, float alpha) {
 #ifndef MF_FLASH_NO_BLAS
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, k, m,
-                alpha, P, ldp, V, ldv, 1.0f, O, ldo);
+    MF_FA_SGEMM(0, 0, n, k, m, alpha, P, ldp, V, ldv, 1.0f, O, ldo);
 #else
     for (int i = 0; i < n; i++) {
         float *o = O + (size_t)i * ldo;
@@ -96,8 +101,7 @@ static inline void tile_ab_acc(float *O, int ldo, const float *P, int ldp,
 static inline void tile_atb_acc(float *G, int ldg, const float *P, int ldp,
                                 const float *X, int ldx, int n, int m, int k, float alpha) {
 #ifndef MF_FLASH_NO_BLAS
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, k, n,
-                alpha, P, ldp, X, ldx, 1.0f, G, ldg);
+    MF_FA_SGEMM(1, 0, m, k, n, alpha, P, ldp, X, ldx, 1.0f, G, ldg);
 #else
     for (int j = 0; j < m; j++) {
         float *g = G + (size_t)j * ldg;

@@ -828,10 +828,24 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
     /* FlashAttention: only the output and each row's log-sum-exp are kept;
      * the T x T scores are recomputed tile by tile in backward */
     mf_flash_attention_forward(atty, lse, qkv, B, T, C, NH);
-    /* xmid = x + atty @ Wproj + b: the projection is added straight into the
-     * residual stream, so it never needs a buffer of its own; xmid is kept
-     * because ln_2's backward needs its input */
+    /* xmid = x + (atty @ Wproj + b): the GEMM writes xmid (beta = 0), then
+     * one pass per row adds the residual and the bias and computes ln_2
+     * while the row is in cache (xmid is kept: ln_2's backward reads it) */
     float *xmid = BUF(A->xmid);
+    if (!m->lora.r) {
+        /* a plain fp32 base: the fused kernels */
+        mf_matmul_forward(xmid, atty, P(l, PROJW), NULL, N, C, C, 0);
+        mf_residual_layernorm_forward(xmid, ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), x, P(l, PROJB),
+                                      P(l, LN2W), P(l, LN2B), N, C);
+        /* fch = ln2 @ Wfc (beta = 0), then its bias and the GELU in one pass */
+        mf_matmul_forward(fch, ln2, P(l, FCW), NULL, N, C, 4 * C, 0);
+        mf_bias_gelu_forward(fchg, fch, P(l, FCB), N, 4 * C);
+        if (!write_out) return;
+        float *out = BUF(res[l + 1]);
+        mf_matmul_forward(out, fchg, P(l, FCPW), NULL, N, 4 * C, C, 0);
+        mf_residual_forward(out, xmid, P(l, FCPB), N, C);
+        return;
+    }
     linear_fwd(m, a, l, PROJW, xmid, atty, x, N, C, C);
     LORA_FWD(MF_LORA_ATTN_C_PROJ, atty, xmid);
     mf_layernorm_forward(ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), xmid, P(l, LN2W), P(l, LN2B), N, C);

@@ -1,6 +1,8 @@
 /* AdamW (Loshchilov & Hutter 2019), written to follow torch.optim.AdamW's
- * single-tensor path step for step so results agree to fp32 round-off. */
+ * single-tensor path step for step so results agree to fp32 round-off.
+ * The loop itself is a dispatched kernel (kernels/kern_body.h). */
 #include "memfit/optim.h"
+#include "../kernels/isa.h"
 
 #include <math.h>
 
@@ -14,17 +16,8 @@ void mf_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
     float bc2_sqrt = (float)sqrt(bc2);
     float decay = (float)(1.0 - (double)lr * wd);
     float omb1 = (float)(1.0 - (double)beta1), omb2 = (float)(1.0 - (double)beta2);
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float gi = g[i] * gscale;
-        float pi = p[i] * decay;
-        float mi = m[i] * beta1 + omb1 * gi;
-        float vi = v[i] * beta2 + omb2 * (gi * gi);
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p[i] = pi - step_size * (mi / denom);
-        m[i] = mi;
-        v[i] = vi;
-    }
+    mf_kernels_isa_get()->adamw(p, g, m, v, n, beta1, beta2, omb1, omb2, step_size, bc2_sqrt, eps, decay,
+                                gscale);
 }
 
 double mf_lr_at(const mf_config *cfg, int step) {

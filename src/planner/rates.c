@@ -7,7 +7,6 @@
 #include "memfit/optim.h"
 #include "memfit/train.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -44,8 +43,7 @@ static double best_of(bench_fn fn, void *ctx, double min_s) {
 typedef struct { int M, K, N; float *a, *b, *c; } gemm_ctx;
 static void run_gemm(void *p) {
     gemm_ctx *g = p;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->M, g->N, g->K, 1.0f, g->a, g->K, g->b, g->N, 0.0f,
-                g->c, g->N);
+    mf_sgemm(0, 0, g->M, g->N, g->K, 1.0f, g->a, g->K, g->b, g->N, 0.0f, g->c, g->N);
 }
 
 typedef struct { int B, T, C, NH; float *out, *lse, *qkv, *dqkv, *dout, *scratch; } attn_ctx;
@@ -229,8 +227,10 @@ static void cache_path(char *buf, size_t n, int nthreads) {
     char dir[MF_PATH_MAX], host[128] = "host";
     gethostname(host, sizeof host - 1);
     for (char *p = host; *p; p++) if (*p == '/') *p = '_';
-    /* the format version is in the name: binaries of other versions keep their own file */
-    snprintf(buf, n, "%s/rates-v4-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, nthreads);
+    /* the format version is in the name (binaries of other versions keep
+     * their own file), and the GEMM backend and kernel ISA: each has its own rates */
+    snprintf(buf, n, "%s/rates-v4-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
+             mf_kernels_isa_name(), nthreads);
 }
 
 static int rates_load(mf_rates *r, const char *path, int nthreads) {

@@ -9,10 +9,12 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <malloc.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,6 +30,42 @@ int mf_threads_setup(int threads) {
     omp_set_num_threads(n);
     openblas_set_num_threads(n);
     return n;
+}
+
+/* oneDNN's sgemm (mf_sgemm's default) mallocs packing buffers on each call,
+ * sized by the call's shape, and frees them after. Running every GEMM shape
+ * of a step once, at its real size, with glibc's thresholds fixed (so freed
+ * chunks stay in the heap instead of being unmapped or trimmed), puts those
+ * pages in the baseline the plan is checked against; the step then reuses
+ * them. The operands are mapped directly, so they do go back. */
+static void sgemm_warmup(const mf_dims *d, int rows) {
+    const int C = d->C, Vp = d->Vp, hr = rows < 256 ? rows : 256;
+    const int sh[][5] = {/* M, N, K, ta, tb */
+        {rows, 3 * C, C, 0, 0}, {rows, C, C, 0, 0}, {rows, 4 * C, C, 0, 0}, {rows, C, 4 * C, 0, 0},
+        {C, 3 * C, rows, 1, 0}, {C, C, rows, 1, 0}, {C, 4 * C, rows, 1, 0}, {4 * C, C, rows, 1, 0},
+        {rows, C, 3 * C, 0, 1}, {rows, C, C, 0, 1}, {rows, C, 4 * C, 0, 1}, {rows, 4 * C, C, 0, 1},
+        {hr, Vp, C, 0, 1}, {hr, C, Vp, 0, 0}, {Vp, C, hr, 1, 0}};
+    const int ns = (int)(sizeof sh / sizeof sh[0]);
+    size_t na = 0, nb = 0;
+    for (int i = 0; i < ns; i++) {
+        size_t mk = (size_t)sh[i][0] * sh[i][2], kn = (size_t)sh[i][2] * sh[i][1], mn = (size_t)sh[i][0] * sh[i][1];
+        if (mk > na) na = mk;
+        if (kn > nb) nb = kn;
+        if (mn > nb) nb = mn; /* C shares B's mapping: the values do not matter */
+    }
+    if (rows < 1 || na == 0 || nb == 0) return;
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 128 << 20);
+    na *= sizeof(float), nb *= sizeof(float);
+    float *a = mmap(NULL, na, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    float *b = mmap(NULL, nb, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a != MAP_FAILED && b != MAP_FAILED)
+        for (int i = 0; i < ns; i++) {
+            const int M = sh[i][0], N = sh[i][1], K = sh[i][2], ta = sh[i][3], tb = sh[i][4];
+            mf_sgemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, 0.0f, b, N);
+        }
+    if (a != MAP_FAILED) munmap(a, na);
+    if (b != MAP_FAILED) munmap(b, nb);
 }
 
 void mf_blas_warmup(const mf_dims *d, int rows) {
@@ -53,6 +91,7 @@ void mf_blas_warmup(const mf_dims *d, int rows) {
     }
     free(a);
     free(b);
+    sgemm_warmup(d, rows);
 }
 
 static int plan_once(const mf_config *cfg, mf_mode mode, int nthreads, const mf_dims *d,

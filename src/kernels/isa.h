@@ -1,0 +1,68 @@
+/* Run-time ISA dispatch for the non-GEMM kernels (internal to libmemfit).
+ *
+ * The element-wise and row-wise kernels (encoder, layernorm, bias/GELU,
+ * residual, cross-entropy, sums of squares, AdamW) are written once, in
+ * kern_body.h, and compiled twice: kern_portable.c with the build's baseline
+ * flags (-march=x86-64-v2: SSE4.2, runs anywhere the binary runs) and
+ * kern_avx512.c with AVX-512F/BW/VL/DQ enabled for that one file. Each
+ * compilation fills a table of function pointers; mf_kernels_isa_get()
+ * picks one table, once, from the CPU (__builtin_cpu_supports) and the
+ * MEMFIT_ISA environment variable (auto | portable | avx512), so the same
+ * binary runs on a CPU without AVX-512 and the portable path can be forced
+ * (and tested) on one that has it.
+ *
+ * Both tables compute the same formulas in the same order within a vector
+ * lane; they may differ only where a reduction's vector width changes the
+ * order of the additions (layernorm statistics, loss sums, sums of squares,
+ * column sums), i.e. by float round-off. tests/test_kernels_isa_agree.c
+ * checks that bound. Thread count never changes results (see cpu.c).
+ */
+#ifndef MEMFIT_KERNELS_ISA_H
+#define MEMFIT_KERNELS_ISA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *name; /* "portable" or "avx512" */
+    void (*encoder_forward)(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T, int C);
+    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T, int C);
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                              const float *b, int N, int C);
+    void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                               const float *w, const float *mean, const float *rstd, int N, int C);
+    /* out (N,OC) = bias (accumulate == 0) or out += bias */
+    void (*bias_fill)(float *out, const float *bias, int N, int OC, int accumulate);
+    /* dbias (OC) += column sums of dout (N,OC) */
+    void (*bias_backward)(float *dbias, const float *dout, int N, int OC);
+    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+    /* pre (N,OC) += bias; out = gelu(pre) (out may be pre) */
+    void (*bias_gelu_forward)(float *out, float *pre, const float *bias, int N, int OC);
+    /* x (N,C) += res + bias (bias may be NULL) */
+    void (*residual_forward)(float *x, const float *res, const float *bias, int N, int C);
+    /* x += res + bias, then out = layernorm(x) with mean/rstd, row by row */
+    void (*residual_layernorm_forward)(float *x, float *out, float *mean, float *rstd, const float *res,
+                                       const float *bias, const float *w, const float *b, int N, int C);
+    double (*crossentropy_forward)(float *logits, float *losses, const int32_t *targets, int N, int V,
+                                   int Vp, float dscale);
+    double (*sumsq)(const float *x, size_t n);
+    void (*scale)(float *x, float s, size_t n);
+    /* AdamW with coefficients precomputed by mf_adamw_update */
+    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float beta1, float beta2,
+                  float omb1, float omb2, float step_size, float bc2_sqrt, float eps, float decay, float gscale);
+} mf_kernel_isa;
+
+extern const mf_kernel_isa mf_kernels_portable;
+#if defined(__x86_64__) && defined(MEMFIT_AVX512_TU)
+#define MF_HAVE_AVX512_TABLE 1
+extern const mf_kernel_isa mf_kernels_avx512;
+#endif
+
+/* The table in use: chosen on the first call (MEMFIT_ISA, then the CPU);
+ * an unusable MEMFIT_ISA value stops the program with a message. */
+const mf_kernel_isa *mf_kernels_isa_get(void);
+/* 1 if this CPU can run the avx512 table (and the build has one). */
+int mf_kernels_isa_avx512_ok(void);
+
+#endif

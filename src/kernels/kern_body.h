@@ -1,0 +1,393 @@
+/* The ISA-dispatched kernels' bodies, compiled once per instruction set
+ * (see isa.h): kern_portable.c and kern_avx512.c define MF_ISA(name) to give
+ * each compilation its own static names and table, then include this file.
+ * Not a header to include anywhere else.
+ *
+ * The math follows karpathy's llm.c (train_gpt2.c, CPU reference). Rules
+ * kept from cpu.c: no allocation (per-thread temporaries are small fixed
+ * stack arrays); every reduction that crosses rows is split by columns or
+ * into a fixed number of chunks, so results are bit-identical run to run
+ * and for any OMP_NUM_THREADS. Loops are plain C with `omp simd` so the
+ * compiler vectorises them for the file's target (16-byte SSE vectors in
+ * the portable build, 64-byte AVX-512 vectors in the other).
+ */
+#ifndef MF_ISA
+#error "kern_body.h is included by kern_portable.c / kern_avx512.c only"
+#endif
+
+#include "isa.h"
+#include "memfit/core.h"
+#include "vmath.h"
+
+#include <math.h>
+
+/* Width of the column blocks that column-parallel reductions hand to one
+ * thread: 64 floats = 4 cache lines, wide enough to vectorise, narrow enough
+ * that C = 768 still gives every thread work. */
+#define MF_COLBLK 64
+
+/* Below this many floats of work, an OpenMP region costs more than it saves. */
+#define MF_PAR_MIN 4096
+
+/* ---- encoder --------------------------------------------------------- */
+
+static void MF_ISA(encoder_forward)(float *out, const int32_t *inp, const float *wte,
+                                    const float *wpe, int B, int T, int C) {
+    const int N = B * T;
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * C;
+        const float *we = wte + (size_t)inp[n] * C;
+        const float *pe = wpe + (size_t)(n % T) * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
+    }
+}
+
+/* Several rows may carry the same token, so rows cannot be split between
+ * threads without racing on dwte. Splitting by columns instead gives each
+ * thread whole columns of dwte and dwpe, summed in row order: race-free,
+ * deterministic, no scratch. */
+static void MF_ISA(encoder_backward)(float *dwte, float *dwpe, const float *dout,
+                                     const int32_t *inp, int B, int T, int C) {
+    const int N = B * T;
+    const int nblk = (C + MF_COLBLK - 1) / MF_COLBLK;
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
+    for (int blk = 0; blk < nblk; blk++) {
+        const int c0 = blk * MF_COLBLK;
+        const int c1 = c0 + MF_COLBLK < C ? c0 + MF_COLBLK : C;
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * C;
+            float *we = dwte + (size_t)inp[n] * C;
+            float *pe = dwpe + (size_t)(n % T) * C;
+#pragma omp simd
+            for (int c = c0; c < c1; c++) {
+                we[c] += d[c];
+                pe[c] += d[c];
+            }
+        }
+    }
+}
+
+/* ---- layernorm ------------------------------------------------------- */
+
+/* One row: two passes for the statistics (mean, then centred variance: no
+ * cancellation from E[x^2] - E[x]^2 on activations with a large mean), one
+ * for the output. Shared by the plain and the residual-fused forward, so
+ * both give the same bits. */
+static inline void MF_ISA(ln_row)(float *o, float *mean, float *rstd, const float *x,
+                                  const float *w, const float *b, int C) {
+    const float eps = 1e-5f;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int c = 0; c < C; c++) s += x[c];
+    const float m = s / (float)C;
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; c++) {
+        const float d = x[c] - m;
+        v += d * d;
+    }
+    const float r = 1.0f / sqrtf(v / (float)C + eps);
+#pragma omp simd
+    for (int c = 0; c < C; c++) o[c] = (x[c] - m) * r * w[c] + b[c];
+    *mean = m;
+    *rstd = r;
+}
+
+static void MF_ISA(layernorm_forward)(float *out, float *mean, float *rstd,
+                                      const float *inp, const float *w, const float *b,
+                                      int N, int C) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
+    for (int n = 0; n < N; n++)
+        MF_ISA(ln_row)(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, w, b, C);
+}
+
+/* x = res + (x + bias), then out = layernorm(x), in one pass over each row
+ * while it is in cache: the residual add of a projection whose GEMM wrote
+ * x (beta = 0), fused with the layernorm that reads the sum. */
+static void MF_ISA(residual_layernorm_forward)(float *x, float *out, float *mean, float *rstd,
+                                               const float *res, const float *bias, const float *w,
+                                               const float *b, int N, int C) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *xr = x + (size_t)n * C;
+        const float *rr = res + (size_t)n * C;
+        if (bias) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) xr[c] = rr[c] + (xr[c] + bias[c]);
+        } else {
+#pragma omp simd
+            for (int c = 0; c < C; c++) xr[c] = rr[c] + xr[c];
+        }
+        MF_ISA(ln_row)(out + (size_t)n * C, mean + n, rstd + n, xr, w, b, C);
+    }
+}
+
+/* x = res + (x + bias): the same sum as residual_layernorm_forward, alone */
+static void MF_ISA(residual_forward)(float *x, const float *res, const float *bias, int N, int C) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *xr = x + (size_t)n * C;
+        const float *rr = res + (size_t)n * C;
+        if (bias) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) xr[c] = rr[c] + (xr[c] + bias[c]);
+        } else {
+#pragma omp simd
+            for (int c = 0; c < C; c++) xr[c] = rr[c] + xr[c];
+        }
+    }
+}
+
+/* With xhat = (x - mean) * rstd and g = dout * w (llm.c layernorm_backward):
+ *   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+ *   dw += sum_rows dout * xhat,   db += sum_rows dout.
+ * dinp is row-parallel; dw/db are column-parallel (see encoder backward). */
+static void MF_ISA(layernorm_backward)(float *dinp, float *dw, float *db,
+                                       const float *dout, const float *inp, const float *w,
+                                       const float *mean, const float *rstd, int N, int C) {
+    const int par = (size_t)N * C >= MF_PAR_MIN;
+    const int nblk = (C + MF_COLBLK - 1) / MF_COLBLK;
+#pragma omp parallel if (par)
+    {
+#pragma omp for schedule(static) nowait
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C;
+            const float *d = dout + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            const float m = mean[n], r = rstd[n];
+            float gm = 0.0f, gxm = 0.0f;
+#pragma omp simd reduction(+ : gm, gxm)
+            for (int c = 0; c < C; c++) {
+                const float g = d[c] * w[c];
+                gm += g;
+                gxm += g * (x[c] - m) * r;
+            }
+            gm /= (float)C;
+            gxm /= (float)C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) {
+                const float xhat = (x[c] - m) * r;
+                dx[c] += r * (d[c] * w[c] - gm - xhat * gxm);
+            }
+        }
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < (dw ? nblk : 0); blk++) {  /* dw NULL: frozen (LoRA's base) */
+            const int c0 = blk * MF_COLBLK;
+            const int w0 = C - c0 < MF_COLBLK ? C - c0 : MF_COLBLK;
+            float aw[MF_COLBLK] = {0}, ab[MF_COLBLK] = {0};
+            for (int n = 0; n < N; n++) {
+                const float *x = inp + (size_t)n * C + c0;
+                const float *d = dout + (size_t)n * C + c0;
+                const float m = mean[n], r = rstd[n];
+#pragma omp simd
+                for (int c = 0; c < w0; c++) {
+                    aw[c] += d[c] * (x[c] - m) * r;
+                    ab[c] += d[c];
+                }
+            }
+            for (int c = 0; c < w0; c++) {
+                dw[c0 + c] += aw[c];
+                db[c0 + c] += ab[c];
+            }
+        }
+    }
+}
+
+/* ---- bias ------------------------------------------------------------ */
+
+static void MF_ISA(bias_fill)(float *out, const float *bias, int N, int OC, int accumulate) {
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= MF_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * OC;
+        if (accumulate) {
+#pragma omp simd
+            for (int j = 0; j < OC; j++) o[j] += bias[j];
+        } else {
+#pragma omp simd
+            for (int j = 0; j < OC; j++) o[j] = bias[j];
+        }
+    }
+}
+
+static void MF_ISA(bias_backward)(float *dbias, const float *dout, int N, int OC) {
+    const int nblk = (OC + MF_COLBLK - 1) / MF_COLBLK;
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= MF_PAR_MIN)
+    for (int blk = 0; blk < nblk; blk++) {
+        const int c0 = blk * MF_COLBLK;
+        const int w0 = OC - c0 < MF_COLBLK ? OC - c0 : MF_COLBLK;
+        float acc[MF_COLBLK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * OC + c0;
+#pragma omp simd
+            for (int c = 0; c < w0; c++) acc[c] += d[c];
+        }
+        for (int c = 0; c < w0; c++) dbias[c0 + c] += acc[c];
+    }
+}
+
+/* ---- GELU ------------------------------------------------------------ */
+
+/* gelu(x) = 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi)
+ * (Hendrycks & Gimpel 2016; GPT-2's gelu_new). tanh is mf_vtanhf
+ * (vmath.h): libm's tanhf is a scalar call the loop could not vectorise. */
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+
+static inline float MF_ISA(gelu1)(float x) {
+    return 0.5f * x * (1.0f + mf_vtanhf(GELU_K * (x + GELU_A * x * x * x)));
+}
+
+static void MF_ISA(gelu_forward)(float *out, const float *inp, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= MF_PAR_MIN)
+    for (size_t i = 0; i < n; i++) out[i] = MF_ISA(gelu1)(inp[i]);
+}
+
+/* pre += bias, out = gelu(pre), row by row: the FC layer's bias and its
+ * activation in one pass (its GEMM writes pre with beta = 0) */
+static void MF_ISA(bias_gelu_forward)(float *out, float *pre, const float *bias, int N, int OC) {
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= MF_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *p = pre + (size_t)n * OC, *o = out + (size_t)n * OC;
+#pragma omp simd
+        for (int j = 0; j < OC; j++) {
+            const float x = p[j] + bias[j];
+            p[j] = x;
+            o[j] = MF_ISA(gelu1)(x);
+        }
+    }
+}
+
+/* gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3a x^2), t = tanh(u).
+ * sech^2 is written 1 - t^2 instead of llm.c's 1/cosh^2, which saves a
+ * transcendental and cannot overflow. dinp may alias dout: element i is
+ * read before it is written and nothing else reads it. */
+static void MF_ISA(gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= MF_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        const float x = inp[i];
+        const float t = mf_vtanhf(GELU_K * (x + GELU_A * x * x * x));
+        const float g = 0.5f * (1.0f + t) +
+                        0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+        dinp[i] = g * dout[i];
+    }
+}
+
+/* ---- cross-entropy --------------------------------------------------- */
+
+/* loss = logsumexp(z) - z[target], with the max subtracted before exp and
+ * the sum of exponentials kept in double (V = 50257 terms). The gradient is
+ * softmax(z) - onehot(target) (llm.c crossentropy_softmax_backward). The
+ * max is an OpenMP max reduction (a ternary would not vectorise under
+ * -ftrapping-math); like the ternary it ignores NaNs, which then reach the
+ * loss through the exponentials. */
+static double MF_ISA(crossentropy_forward)(float *logits, float *losses,
+                                           const int32_t *targets, int N, int V, int Vp,
+                                           float dscale) {
+#pragma omp parallel for schedule(static) if ((size_t)N * V >= MF_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *z = logits + (size_t)n * Vp;
+        const int t = targets[n];
+        if (t < 0 || t >= V) mf_panic("crossentropy: target %d outside [0, %d)", t, V);
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int j = 0; j < V; j++) mx = z[j] > mx ? z[j] : mx;
+        const float zt = z[t];
+        double s = 0.0;
+        if (dscale != 0.0f) {
+            /* keep each exp in place: the gradient pass reuses it */
+#pragma omp simd reduction(+ : s)
+            for (int j = 0; j < V; j++) {
+                const float e = mf_vexpf(z[j] - mx);
+                z[j] = e;
+                s += (double)e;
+            }
+            const float k = (float)(1.0 / s) * dscale;
+#pragma omp simd
+            for (int j = 0; j < V; j++) z[j] *= k;
+            z[t] -= dscale;
+            for (int j = V; j < Vp; j++) z[j] = 0.0f;
+        } else {
+#pragma omp simd reduction(+ : s)
+            for (int j = 0; j < V; j++) s += (double)mf_vexpf(z[j] - mx);
+        }
+        losses[n] = (float)((double)mx + log(s) - (double)zt);
+    }
+    /* summed here in row order, not by an OpenMP reduction (whose order
+     * follows thread arrival): the loss is bit-identical run to run */
+    double total = 0.0;
+    for (int n = 0; n < N; n++) total += (double)losses[n];
+    return total;
+}
+
+/* ---- gradient-norm helpers ------------------------------------------- */
+
+/* Sum in a fixed number of chunks regardless of thread count, then add the
+ * chunk sums in order: the result is bit-identical for any OMP_NUM_THREADS. */
+#define MF_SUMSQ_CHUNKS 256
+
+static double MF_ISA(sumsq)(const float *x, size_t n) {
+    double part[MF_SUMSQ_CHUNKS];
+#pragma omp parallel for schedule(static) if (n >= 65536)
+    for (int k = 0; k < MF_SUMSQ_CHUNKS; k++) {
+        /* chunk k: q or q+1 elements, the first r chunks one longer */
+        const size_t q = n / MF_SUMSQ_CHUNKS, r = n % MF_SUMSQ_CHUNKS, kk = (size_t)k;
+        const size_t i0 = q * kk + (kk < r ? kk : r);
+        const size_t i1 = i0 + q + (kk < r);
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (size_t i = i0; i < i1; i++) s += (double)x[i] * (double)x[i];
+        part[k] = s;
+    }
+    double total = 0.0;
+    for (int k = 0; k < MF_SUMSQ_CHUNKS; k++) total += part[k];
+    return total;
+}
+
+static void MF_ISA(scale)(float *x, float s, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* ---- AdamW ----------------------------------------------------------- */
+
+/* One pass over p, g, m, v (see optim/adamw.c for the coefficients, which
+ * follow torch.optim.AdamW's single-tensor path): the gradient-norm clip is
+ * folded in as gscale, the weight decay as `decay`. The file is compiled
+ * with -fno-math-errno, so sqrtf is an instruction and the loop vectorises
+ * (with errno semantics gcc keeps a scalar call for negative inputs). */
+static void MF_ISA(adamw)(float *p, const float *g, float *m, float *v, size_t n, float beta1,
+                          float beta2, float omb1, float omb2, float step_size, float bc2_sqrt,
+                          float eps, float decay, float gscale) {
+#pragma omp parallel for simd schedule(static) if (n >= MF_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * gscale;
+        float pi = p[i] * decay;
+        float mi = m[i] * beta1 + omb1 * gi;
+        float vi = v[i] * beta2 + omb2 * (gi * gi);
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = pi - step_size * (mi / denom);
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+const mf_kernel_isa MF_ISA(mf_kernels) = {
+    .name = MF_ISA_NAME,
+    .encoder_forward = MF_ISA(encoder_forward),
+    .encoder_backward = MF_ISA(encoder_backward),
+    .layernorm_forward = MF_ISA(layernorm_forward),
+    .layernorm_backward = MF_ISA(layernorm_backward),
+    .bias_fill = MF_ISA(bias_fill),
+    .bias_backward = MF_ISA(bias_backward),
+    .gelu_forward = MF_ISA(gelu_forward),
+    .gelu_backward = MF_ISA(gelu_backward),
+    .bias_gelu_forward = MF_ISA(bias_gelu_forward),
+    .residual_forward = MF_ISA(residual_forward),
+    .residual_layernorm_forward = MF_ISA(residual_layernorm_forward),
+    .crossentropy_forward = MF_ISA(crossentropy_forward),
+    .sumsq = MF_ISA(sumsq),
+    .scale = MF_ISA(scale),
+    .adamw = MF_ISA(adamw),
+};

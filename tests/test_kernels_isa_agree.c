@@ -1,0 +1,223 @@
+/* Proves the run-time ISA dispatch is sound (src/kernels/isa.h):
+ *  - the portable and the AVX-512 builds of every dispatched kernel agree on
+ *    the same inputs: bit for bit where the arithmetic is element-wise or
+ *    summed in row order (encoder, bias, GELU, residual, AdamW, scale, the
+ *    column sums of the layernorm backward), and within a stated relative
+ *    tolerance where a reduction's order follows the vector width
+ *    (layernorm outputs 1e-5 of max(|v|, 1), cross-entropy 1e-6, sums of
+ *    squares 1e-12);
+ *  - in each build, the fused kernels give exactly what the unfused
+ *    sequence gives (bias+GELU, residual+layernorm);
+ *  - the table in use is the one MEMFIT_ISA asks for (auto/unset: avx512
+ *    where the CPU has it); ctest runs this test a second time with
+ *    MEMFIT_ISA=portable.
+ * On a CPU without AVX-512 the cross-build comparison is skipped (said on
+ * stderr); the fused-vs-unfused checks still run on the portable build.
+ * Sizes are odd so vector remainders and partial column blocks are hit. */
+#include "memfit/core.h"
+#include "memfit/kernels.h"
+#include "kernels/isa.h" /* internal: both tables are tested directly */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static mf_rng rng;
+
+static float *falloc(size_t n) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p) abort();
+    return p;
+}
+static float *fnormal(size_t n, float s) {
+    float *x = falloc(n);
+    for (size_t i = 0; i < n; i++) x[i] = s * mf_rng_normal(&rng);
+    return x;
+}
+static float *fcopy(const float *x, size_t n) {
+    float *y = falloc(n);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+/* largest |a-b| / max(|a|,|b|, floor) over n floats */
+static double maxrel(const float *a, const float *b, size_t n, double floor) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        double s = fmax(fmax(fabs((double)a[i]), fabs((double)b[i])), floor);
+        if (!(d / s <= m)) m = d / s; /* NaN counts as a failure */
+    }
+    return m;
+}
+static int same_bits(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+enum { N = 37, C = 70, OC = 4 * C, V = 300, VP = 320, B = 1, NE = 100003 };
+
+/* every kernel of table k0 against table k1 */
+static void cross(const mf_kernel_isa *k0, const mf_kernel_isa *k1) {
+    const char *a = k0->name, *b = k1->name;
+    /* encoder */
+    int32_t inp[N];
+    for (int i = 0; i < N; i++) inp[i] = (int32_t)(mf_rng_u32(&rng) % 11); /* repeats: dwte sums rows */
+    float *wte = fnormal((size_t)11 * C, 1), *wpe = fnormal((size_t)N * C, 1), *dout = fnormal((size_t)N * C, 1);
+    float *o0 = falloc((size_t)N * C), *o1 = falloc((size_t)N * C);
+    k0->encoder_forward(o0, inp, wte, wpe, B, N, C);
+    k1->encoder_forward(o1, inp, wte, wpe, B, N, C);
+    CHECK(same_bits(o0, o1, (size_t)N * C), "encoder_forward %s vs %s", a, b);
+    float *g0 = fnormal((size_t)11 * C, 1), *g1 = fcopy(g0, (size_t)11 * C);
+    float *p0 = fnormal((size_t)N * C, 1), *p1 = fcopy(p0, (size_t)N * C);
+    k0->encoder_backward(g0, p0, dout, inp, B, N, C);
+    k1->encoder_backward(g1, p1, dout, inp, B, N, C);
+    CHECK(same_bits(g0, g1, (size_t)11 * C) && same_bits(p0, p1, (size_t)N * C), "encoder_backward %s vs %s", a, b);
+
+    /* layernorm, on rows with a large mean (the two-pass variance matters) */
+    float *x = fnormal((size_t)N * C, 1), *w = fnormal(C, 1), *bb = fnormal(C, 1);
+    for (size_t i = 0; i < (size_t)N * C; i++) x[i] += 20.0f;
+    float m0[N], r0[N], m1[N], r1[N];
+    k0->layernorm_forward(o0, m0, r0, x, w, bb, N, C);
+    k1->layernorm_forward(o1, m1, r1, x, w, bb, N, C);
+    /* outputs are O(1) and some near 0: errors relative to max(|v|, 1).
+     * The mean of 70 floats near 20 carries a few ulps of their sum
+     * (~1e-6 absolute) whichever order it is summed in; times rstd and w. */
+    double e = maxrel(o0, o1, (size_t)N * C, 1.0);
+    CHECK(e <= 1e-5 && maxrel(m0, m1, N, 1.0) <= 1e-6 && maxrel(r0, r1, N, 1.0) <= 1e-6,
+          "layernorm_forward %s vs %s: max rel %.3g", a, b, e);
+    float *dx0 = fnormal((size_t)N * C, 1), *dx1 = fcopy(dx0, (size_t)N * C);
+    float *dw0 = fnormal(C, 1), *dw1 = fcopy(dw0, C), *db0 = fnormal(C, 1), *db1 = fcopy(db0, C);
+    k0->layernorm_backward(dx0, dw0, db0, dout, x, w, m0, r0, N, C);
+    k1->layernorm_backward(dx1, dw1, db1, dout, x, w, m0, r0, N, C);
+    e = maxrel(dx0, dx1, (size_t)N * C, 1e-2);
+    CHECK(e <= 1e-5, "layernorm_backward dinp %s vs %s: max rel %.3g", a, b, e);
+    CHECK(same_bits(dw0, dw1, C) && same_bits(db0, db1, C), "layernorm_backward dw/db %s vs %s", a, b);
+
+    /* bias, GELU, residual */
+    float *big = fnormal((size_t)N * OC, 2), *bias = fnormal(OC, 1), *q0 = falloc((size_t)N * OC), *q1 = falloc((size_t)N * OC);
+    float *b0 = fcopy(big, (size_t)N * OC), *b1 = fcopy(big, (size_t)N * OC);
+    k0->bias_fill(b0, bias, N, OC, 1);
+    k1->bias_fill(b1, bias, N, OC, 1);
+    CHECK(same_bits(b0, b1, (size_t)N * OC), "bias_fill %s vs %s", a, b);
+    float *s0 = fnormal(OC, 1), *s1 = fcopy(s0, OC);
+    k0->bias_backward(s0, big, N, OC);
+    k1->bias_backward(s1, big, N, OC);
+    CHECK(same_bits(s0, s1, OC), "bias_backward %s vs %s", a, b);
+    k0->gelu_forward(q0, big, (size_t)N * OC);
+    k1->gelu_forward(q1, big, (size_t)N * OC);
+    CHECK(same_bits(q0, q1, (size_t)N * OC), "gelu_forward %s vs %s: max rel %.3g", a, b,
+          maxrel(q0, q1, (size_t)N * OC, 1e-6));
+    float *dg = fnormal((size_t)N * OC, 1);
+    k0->gelu_backward(q0, big, dg, (size_t)N * OC);
+    k1->gelu_backward(q1, big, dg, (size_t)N * OC);
+    CHECK(same_bits(q0, q1, (size_t)N * OC), "gelu_backward %s vs %s: max rel %.3g", a, b,
+          maxrel(q0, q1, (size_t)N * OC, 1e-6));
+    memcpy(b0, big, (size_t)N * OC * sizeof(float));
+    memcpy(b1, big, (size_t)N * OC * sizeof(float));
+    k0->bias_gelu_forward(q0, b0, bias, N, OC);
+    k1->bias_gelu_forward(q1, b1, bias, N, OC);
+    CHECK(same_bits(q0, q1, (size_t)N * OC) && same_bits(b0, b1, (size_t)N * OC), "bias_gelu_forward %s vs %s", a, b);
+    float *res = fnormal((size_t)N * C, 1);
+    float *y0 = fcopy(dout, (size_t)N * C), *y1 = fcopy(dout, (size_t)N * C);
+    k0->residual_forward(y0, res, bb, N, C);
+    k1->residual_forward(y1, res, bb, N, C);
+    CHECK(same_bits(y0, y1, (size_t)N * C), "residual_forward %s vs %s", a, b);
+    memcpy(y0, dout, (size_t)N * C * sizeof(float));
+    memcpy(y1, dout, (size_t)N * C * sizeof(float));
+    k0->residual_layernorm_forward(y0, o0, m0, r0, x, bb, w, bb, N, C);
+    k1->residual_layernorm_forward(y1, o1, m1, r1, x, bb, w, bb, N, C);
+    e = maxrel(o0, o1, (size_t)N * C, 1.0);
+    CHECK(same_bits(y0, y1, (size_t)N * C) && e <= 1e-5, "residual_layernorm_forward %s vs %s: max rel %.3g", a, b, e);
+
+    /* cross-entropy: loss and gradient, logits spread like a trained head */
+    float *lg = fnormal((size_t)N * VP, 4), *l0 = fcopy(lg, (size_t)N * VP), *l1 = fcopy(lg, (size_t)N * VP);
+    int32_t tg[N];
+    for (int i = 0; i < N; i++) tg[i] = (int32_t)(mf_rng_u32(&rng) % V);
+    float ls0[N], ls1[N];
+    double t0 = k0->crossentropy_forward(l0, ls0, tg, N, V, VP, 0.5f);
+    double t1 = k1->crossentropy_forward(l1, ls1, tg, N, V, VP, 0.5f);
+    e = maxrel(l0, l1, (size_t)N * VP, 1e-6);
+    CHECK(fabs(t0 - t1) <= 1e-6 * fabs(t0) && maxrel(ls0, ls1, N, 1e-6) <= 1e-6 && e <= 1e-6,
+          "crossentropy %s vs %s: loss %.9g vs %.9g, grad max rel %.3g", a, b, t0, t1, e);
+
+    /* sums of squares, scale, AdamW on NE (odd) elements */
+    float *v = fnormal(NE, 1);
+    double q = k0->sumsq(v, NE), r = k1->sumsq(v, NE);
+    CHECK(fabs(q - r) <= 1e-12 * q, "sumsq %s vs %s: %.17g vs %.17g", a, b, q, r);
+    float *v0 = fcopy(v, NE), *v1 = fcopy(v, NE);
+    k0->scale(v0, 0.37f, NE);
+    k1->scale(v1, 0.37f, NE);
+    CHECK(same_bits(v0, v1, NE), "scale %s vs %s", a, b);
+    float *P0 = fnormal(NE, 1), *G = fnormal(NE, 1), *M0 = fnormal(NE, 0.1f), *V0 = falloc(NE);
+    for (int i = 0; i < NE; i++) V0[i] = 0.01f * fabsf(mf_rng_normal(&rng));
+    float *P1 = fcopy(P0, NE), *M1 = fcopy(M0, NE), *V1 = fcopy(V0, NE);
+    for (int t = 0; t < 3; t++) { /* a few steps so the state feeds back */
+        k0->adamw(P0, G, M0, V0, NE, 0.9f, 0.95f, 0.1f, 0.05f, 1e-3f, 0.3f, 1e-8f, 0.9999f, 0.7f);
+        k1->adamw(P1, G, M1, V1, NE, 0.9f, 0.95f, 0.1f, 0.05f, 1e-3f, 0.3f, 1e-8f, 0.9999f, 0.7f);
+    }
+    CHECK(same_bits(P0, P1, NE) && same_bits(M0, M1, NE) && same_bits(V0, V1, NE), "adamw %s vs %s: p max rel %.3g",
+          a, b, maxrel(P0, P1, NE, 1e-6));
+
+    free(wte), free(wpe), free(dout), free(o0), free(o1), free(g0), free(g1), free(p0), free(p1);
+    free(x), free(w), free(bb), free(dx0), free(dx1), free(dw0), free(dw1), free(db0), free(db1);
+    free(big), free(bias), free(q0), free(q1), free(b0), free(b1), free(s0), free(s1), free(dg), free(res), free(y0), free(y1);
+    free(lg), free(l0), free(l1), free(v), free(v0), free(v1), free(P0), free(P1), free(G), free(M0), free(M1), free(V0), free(V1);
+}
+
+/* the fused kernels of one table against the unfused sequence */
+static void fused(const mf_kernel_isa *k) {
+    float *pre = fnormal((size_t)N * OC, 2), *bias = fnormal(OC, 1);
+    float *a = fcopy(pre, (size_t)N * OC), *ga = falloc((size_t)N * OC), *gb = falloc((size_t)N * OC);
+    k->bias_fill(pre, bias, N, OC, 1);
+    k->gelu_forward(gb, pre, (size_t)N * OC);
+    k->bias_gelu_forward(ga, a, bias, N, OC);
+    CHECK(same_bits(a, pre, (size_t)N * OC) && same_bits(ga, gb, (size_t)N * OC), "%s: bias_gelu != bias + gelu", k->name);
+    k->bias_gelu_forward(a, a, bias, N, OC); /* in place: out == pre */
+    k->bias_fill(pre, bias, N, OC, 1);
+    k->gelu_forward(pre, pre, (size_t)N * OC);
+    CHECK(same_bits(a, pre, (size_t)N * OC), "%s: bias_gelu in place differs", k->name);
+
+    float *x = fnormal((size_t)N * C, 1), *res = fnormal((size_t)N * C, 3), *b = fnormal(C, 1), *w = fnormal(C, 1);
+    float *x2 = fcopy(x, (size_t)N * C), *o1 = falloc((size_t)N * C), *o2 = falloc((size_t)N * C);
+    float m1[N], r1[N], m2[N], r2[N];
+    k->residual_layernorm_forward(x, o1, m1, r1, res, b, w, b, N, C);
+    k->residual_forward(x2, res, b, N, C);
+    k->layernorm_forward(o2, m2, r2, x2, w, b, N, C);
+    CHECK(same_bits(x, x2, (size_t)N * C) && same_bits(o1, o2, (size_t)N * C) && same_bits(m1, m2, N) &&
+          same_bits(r1, r2, N), "%s: residual_layernorm != residual + layernorm", k->name);
+    /* the residual sum is res + (x + bias): check against that formula */
+    float *x3 = fnormal((size_t)N * C, 1), *x4 = fcopy(x3, (size_t)N * C);
+    k->residual_forward(x3, res, b, N, C);
+    int ok = 1;
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            float want = res[(size_t)n * C + c] + (x4[(size_t)n * C + c] + b[c]);
+            ok &= x3[(size_t)n * C + c] == want;
+        }
+    CHECK(ok, "%s: residual_forward != res + (x + bias)", k->name);
+    float *x5 = fcopy(x4, (size_t)N * C);
+    k->residual_forward(x4, res, NULL, N, C);
+    ok = 1;
+    for (size_t i = 0; i < (size_t)N * C; i++) ok &= x4[i] == res[i] + x5[i];
+    CHECK(ok, "%s: residual_forward without bias != res + x", k->name);
+    free(x5);
+    free(pre), free(bias), free(a), free(ga), free(gb), free(x), free(res), free(b), free(w), free(x2), free(o1), free(o2);
+    free(x3), free(x4);
+}
+
+int main(void) {
+    mf_rng_seed(&rng, 7);
+    const char *env = getenv("MEMFIT_ISA");
+    const mf_kernel_isa *use = mf_kernels_isa_get();
+    int ok512 = mf_kernels_isa_avx512_ok();
+    const char *want = env && strcmp(env, "portable") == 0 ? "portable" : ok512 ? "avx512" : "portable";
+    CHECK(strcmp(use->name, want) == 0, "MEMFIT_ISA=%s: table %s in use, want %s", env ? env : "(unset)", use->name, want);
+    CHECK(strcmp(mf_kernels_isa_name(), use->name) == 0, "mf_kernels_isa_name disagrees");
+    fused(&mf_kernels_portable);
+#ifdef MF_HAVE_AVX512_TABLE
+    if (ok512) {
+        fused(&mf_kernels_avx512);
+        cross(&mf_kernels_portable, &mf_kernels_avx512);
+    } else
+#endif
+        fprintf(stderr, "test_kernels_isa_agree: no AVX-512 here; portable vs avx512 not compared\n");
+    return mf_test_done("test_kernels_isa_agree");
+}
