@@ -33,8 +33,8 @@ expect_error estimate-budget "over by" "$M" estimate --model gpt2-124m --batch 4
 expect_error train-budget-smallest "smallest feasible budget is" "$M" train "${tiny[@]}" --data "$W/good.tok" --budget 1MiB --out_dir "$W/out_dir"
 expect_error plan-budget-smallest "smallest feasible budget is" "$M" plan --model gpt2-1m --batch 4 --seq 64 --budget 1MiB
 expect_error estimate-budget-hint "smallest feasible budget is" "$M" estimate --model gpt2-124m --batch 4 --seq 256 --budget 1GiB
-expect_error estimate-budget-fits "fastest setting that fits" "$M" estimate --model gpt2-1m --batch 8 --seq 128 --budget 50MiB
-expect_error plan-off-hint "fastest setting that fits" "$M" train --model gpt2-1m --batch 8 --seq 128 --steps 1 --plan off --budget 50MiB --sample_tokens 0
+expect_error estimate-budget-fits "fastest setting that fits" "$M" estimate --model gpt2-1m --batch 8 --seq 128 --budget 64MiB
+expect_error plan-off-hint "fastest setting that fits" "$M" train --model gpt2-1m --batch 8 --seq 128 --steps 1 --plan off --budget 64MiB --sample_tokens 0
 expect_error bad-allow "config key 'allow'" "$M" plan --model gpt2-1m --allow everything
 expect_error bad-plan "config key 'plan'" "$M" train "${tiny[@]}" --data "$W/good.tok" --plan maybe
 expect_error bad-health-levels "health_levels" "$M" train "${tiny[@]}" --data "$W/good.tok" --health_levels 0.9,0.8,0.95,0.97
