@@ -27,6 +27,8 @@ typedef struct {
     const char *name; /* "portable" or "avx512" */
     void (*encoder_forward)(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T, int C);
     void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T, int C);
+    /* one row's mean and rstd (the statistics every layernorm forward uses) */
+    void (*layernorm_stats)(float *mean, float *rstd, const float *x, int C);
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w,
                               const float *b, int N, int C);
     void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,

@@ -71,12 +71,11 @@ static void MF_ISA(encoder_backward)(float *dwte, float *dwpe, const float *dout
 
 /* ---- layernorm ------------------------------------------------------- */
 
-/* One row: two passes for the statistics (mean, then centred variance: no
- * cancellation from E[x^2] - E[x]^2 on activations with a large mean), one
- * for the output. Shared by the plain and the residual-fused forward, so
- * both give the same bits. */
-static inline void MF_ISA(ln_row)(float *o, float *mean, float *rstd, const float *x,
-                                  const float *w, const float *b, int C) {
+/* One row's statistics: two passes (mean, then centred variance: no
+ * cancellation from E[x^2] - E[x]^2 on activations with a large mean).
+ * Shared by the plain, the residual-fused and the 16-bit-output forward
+ * (mixed.c calls it through the table), so all three save the same bits. */
+static void MF_ISA(ln_stats)(float *mean, float *rstd, const float *x, int C) {
     const float eps = 1e-5f;
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -88,11 +87,28 @@ static inline void MF_ISA(ln_row)(float *o, float *mean, float *rstd, const floa
         const float d = x[c] - m;
         v += d * d;
     }
-    const float r = 1.0f / sqrtf(v / (float)C + eps);
+    *mean = m;
+    *rstd = 1.0f / sqrtf(v / (float)C + eps);
+}
+
+/* One row: the statistics, then one pass for the output. */
+static inline void MF_ISA(ln_row)(float *o, float *mean, float *rstd, const float *x,
+                                  const float *w, const float *b, int C) {
+    MF_ISA(ln_stats)(mean, rstd, x, C);
+    const float m = *mean, r = *rstd;
 #pragma omp simd
     for (int c = 0; c < C; c++) o[c] = (x[c] - m) * r * w[c] + b[c];
-    *mean = m;
-    *rstd = r;
+}
+
+/* x = res + (x + bias) for one row (bias may be NULL) */
+static inline void MF_ISA(residual_row)(float *x, const float *res, const float *bias, int C) {
+    if (bias) {
+#pragma omp simd
+        for (int c = 0; c < C; c++) x[c] = res[c] + (x[c] + bias[c]);
+    } else {
+#pragma omp simd
+        for (int c = 0; c < C; c++) x[c] = res[c] + x[c];
+    }
 }
 
 static void MF_ISA(layernorm_forward)(float *out, float *mean, float *rstd,
@@ -112,14 +128,7 @@ static void MF_ISA(residual_layernorm_forward)(float *x, float *out, float *mean
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
     for (int n = 0; n < N; n++) {
         float *xr = x + (size_t)n * C;
-        const float *rr = res + (size_t)n * C;
-        if (bias) {
-#pragma omp simd
-            for (int c = 0; c < C; c++) xr[c] = rr[c] + (xr[c] + bias[c]);
-        } else {
-#pragma omp simd
-            for (int c = 0; c < C; c++) xr[c] = rr[c] + xr[c];
-        }
+        MF_ISA(residual_row)(xr, res + (size_t)n * C, bias, C);
         MF_ISA(ln_row)(out + (size_t)n * C, mean + n, rstd + n, xr, w, b, C);
     }
 }
@@ -127,17 +136,8 @@ static void MF_ISA(residual_layernorm_forward)(float *x, float *out, float *mean
 /* x = res + (x + bias): the same sum as residual_layernorm_forward, alone */
 static void MF_ISA(residual_forward)(float *x, const float *res, const float *bias, int N, int C) {
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
-    for (int n = 0; n < N; n++) {
-        float *xr = x + (size_t)n * C;
-        const float *rr = res + (size_t)n * C;
-        if (bias) {
-#pragma omp simd
-            for (int c = 0; c < C; c++) xr[c] = rr[c] + (xr[c] + bias[c]);
-        } else {
-#pragma omp simd
-            for (int c = 0; c < C; c++) xr[c] = rr[c] + xr[c];
-        }
-    }
+    for (int n = 0; n < N; n++)
+        MF_ISA(residual_row)(x + (size_t)n * C, res + (size_t)n * C, bias, C);
 }
 
 /* With xhat = (x - mean) * rstd and g = dout * w (llm.c layernorm_backward):
@@ -377,6 +377,7 @@ const mf_kernel_isa MF_ISA(mf_kernels) = {
     .name = MF_ISA_NAME,
     .encoder_forward = MF_ISA(encoder_forward),
     .encoder_backward = MF_ISA(encoder_backward),
+    .layernorm_stats = MF_ISA(ln_stats),
     .layernorm_forward = MF_ISA(layernorm_forward),
     .layernorm_backward = MF_ISA(layernorm_backward),
     .bias_fill = MF_ISA(bias_fill),

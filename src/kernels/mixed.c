@@ -2,8 +2,8 @@
  * fp16) output where that output feeds a GEMM, and GEMMs on 16-bit
  * operands with fp32 accumulation and fp32 output (see memfit/kernels.h).
  *
- * Every reduction stays fp32: LayerNorm statistics are computed exactly as
- * mf_layernorm_forward computes them (same loops, same order), so the saved
+ * Every reduction stays fp32: LayerNorm statistics come from the same
+ * dispatched row function as mf_layernorm_forward's (isa.h), so the saved
  * mean and rstd are bit-identical to the fp32 path's; only the stored
  * output is rounded (nearest-even). bf16 GEMMs go to oneDNN's matmul
  * (AVX512_BF16 here, oneDNN's own fallback elsewhere). oneDNN 2.6 has no
@@ -14,6 +14,7 @@
 #include "memfit/core.h"
 #include "memfit/half.h"
 #include "vmath.h"
+#include "isa.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -53,25 +54,14 @@ void mf_encoder_forward16(float *out, const int32_t *inp, const void *wte, mf_dt
 
 void mf_layernorm_forward16(void *out, mf_dtype dt, float *mean, float *rstd, const float *inp,
                             const float *w, const float *b, int N, int C) {
-    const float eps = 1e-5f;
+    const mf_kernel_isa *K = mf_kernels_isa_get();
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         uint16_t *o = (uint16_t *)out + (size_t)n * C;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int c = 0; c < C; c++) s += x[c];
-        const float m = s / (float)C;
-        float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-        for (int c = 0; c < C; c++) {
-            const float d = x[c] - m;
-            v += d * d;
-        }
-        const float r = 1.0f / sqrtf(v / (float)C + eps);
+        K->layernorm_stats(mean + n, rstd + n, x, C);
+        const float m = mean[n], r = rstd[n];
         for (int c = 0; c < C; c++) o[c] = round16(dt, (x[c] - m) * r * w[c] + b[c]);
-        mean[n] = m;
-        rstd[n] = r;
     }
 }
 
