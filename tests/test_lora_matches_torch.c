@@ -17,39 +17,12 @@
 #define B_ 2
 #define T_ 16
 
-static int compare(const char *what, const float *got, const float *want, size_t n, double rtol, double atol) {
-    size_t bad = 0;
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        if (!mf_close(got[i], want[i], rtol, atol)) {
-            if (bad < 3) fprintf(stderr, "  %s[%zu]: memfit %.9g torch %.9g\n", what, i, got[i], want[i]);
-            bad++;
-        }
-        if (d > worst) worst = d;
-    }
-    CHECK(bad == 0, "%s: %zu of %zu values differ (worst abs %.3g)", what, bad, n, worst);
-    return bad == 0;
-}
-
 static void config(mf_config *c, const char *data) {
     tu_tiny_config(c, data);
     mf_config_set(c, "n_layer", "2");
     mf_config_set(c, "loss_chunk", "0");
     mf_config_set(c, "val_fraction", "0");
     mf_config_set(c, "lora", "r=4,alpha=8,dropout=0,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj");
-}
-
-/* all B*T logits rows (V wide) of the loaded batch */
-static float *logits_of(mf_trainer *t) {
-    int V = t->d.V;
-    float *out = malloc((size_t)B_ * T_ * V * sizeof *out);
-    mf_arena_step(&t->arena);
-    mf_trainer_load_batch(t);
-    mf_model_forward(&t->model, &t->arena, B_, T_, 0, 0.0f);
-    for (int r = 0; out && r < B_ * T_; r++)
-        memcpy(out + (size_t)r * V, mf_model_logits(&t->model, &t->arena, T_, r / T_, r % T_), (size_t)V * sizeof *out);
-    return out;
 }
 
 int main(void) {
@@ -76,7 +49,7 @@ int main(void) {
     CHECK(mf_trainer_save_weights(&t, w) == 0, "%s", mf_error());
     CHECK(mf_lora_save_adapter(&t.model, &t.arena, ad, "memfit-test") == 0, "%s", mf_error());
 
-    float *lg = logits_of(&t);
+    float *lg = tu_logits_of(&t, B_, T_);
     /* the batch as the script reads it */
     int32_t *in = mf_arena_ptr(&t.arena, t.model.inputs), *tg = mf_arena_ptr(&t.arena, t.model.targets);
     mf_st_entry be[2] = {
@@ -105,7 +78,7 @@ int main(void) {
     int V = t.d.V;
     const mf_st_tensor *rl = mf_st_find(&ref, "logits");
     CHECK(rl && rl->nbytes == (size_t)B_ * T_ * V * 4, "reference logits");
-    if (rl && lg) compare("logits", lg, rl->data, (size_t)B_ * T_ * V, 1e-5, 1e-6);
+    if (rl && lg) mf_test_compare("logits", lg, rl->data, (size_t)B_ * T_ * V, 1e-5, 1e-6);
     const char *ls = mf_st_meta(&ref, "loss");
     CHECK(ls && mf_close(loss, atof(ls), 1e-5, 0), "loss memfit %.9g torch %s", loss, ls ? ls : "?");
     int ng = 0;
@@ -115,7 +88,7 @@ int main(void) {
         snprintf(nm, sizeof nm, "grad.base_model.model.transformer.%s", x->name);
         const mf_st_tensor *g = mf_st_find(&ref, nm);
         CHECK(g && g->nbytes == (size_t)x->numel * 4, "reference gradient %s", nm);
-        if (g) ng += compare(nm, mf_arena_ptr(&t.arena, x->g), g->data, (size_t)x->numel, 1e-5, 1e-7);
+        if (g) ng += mf_test_compare(nm, mf_arena_ptr(&t.arena, x->g), g->data, (size_t)x->numel, 1e-5, 1e-7);
     }
     CHECK(ng == t.model.n_tensors - t.model.lora_first && ng == 16, "%d adapter gradients matched", ng);
     printf("loss %.9g (torch %s); logits and %d adapter gradients within 1e-5\n", loss, ls ? ls : "?", ng);
@@ -126,7 +99,7 @@ int main(void) {
     mf_config_set(&c, "init", w);
     mf_config_set(&c, "adapter", ad);
     if (mf_trainer_init(&t, &c, MF_MODE_INFER) == 0) {
-        float *lg2 = logits_of(&t);
+        float *lg2 = tu_logits_of(&t, B_, T_);
         CHECK(lg && lg2 && memcmp(lg, lg2, (size_t)B_ * T_ * V * sizeof *lg) == 0, "reloaded adapter: logits differ");
         free(lg2);
         mf_trainer_free(&t);

@@ -20,17 +20,6 @@ static void config(mf_config *c, const char *data, int lora) {
     if (lora) mf_config_set(c, "lora", "r=4,alpha=16,targets=attn.c_attn,mlp.c_fc,mlp.c_proj");
 }
 
-static float *logits_of(mf_trainer *t) {
-    int V = t->d.V;
-    float *out = malloc((size_t)B_ * T_ * V * sizeof *out);
-    mf_arena_step(&t->arena);
-    mf_trainer_load_batch(t);
-    mf_model_forward(&t->model, &t->arena, B_, T_, 0, 0.0f);
-    for (int r = 0; out && r < B_ * T_; r++)
-        memcpy(out + (size_t)r * V, mf_model_logits(&t->model, &t->arena, T_, r / T_, r % T_), (size_t)V * sizeof *out);
-    return out;
-}
-
 int main(void) {
     char data[64], dir[] = "/tmp/memfit-merge-XXXXXX", base[1200], ad[1200], merged[1200], un[1200], cmd[1300];
     CHECK(tu_make_tokens(data, sizeof data, 4000, 3) == 0, "token file: %s", mf_error());
@@ -48,7 +37,7 @@ int main(void) {
     CHECK(mf_trainer_save_weights(&t, base) == 0, "%s", mf_error());
     CHECK(mf_lora_save_adapter(&t.model, &t.arena, ad, base) == 0, "%s", mf_error());
     t.data_pos = 0;
-    float *l_ad = logits_of(&t);
+    float *l_ad = tu_logits_of(&t, B_, T_);
     int V = t.d.V;
     mf_trainer_free(&t);
 
@@ -59,7 +48,7 @@ int main(void) {
     config(&c, data, 0);
     mf_config_set(&c, "init", merged);
     if (mf_trainer_init(&t, &c, MF_MODE_INFER) == 0) {
-        float *l_m = logits_of(&t);
+        float *l_m = tu_logits_of(&t, B_, T_);
         size_t bad = 0;
         for (size_t i = 0; l_m && l_ad && i < (size_t)B_ * T_ * V; i++) bad += !mf_close(l_m[i], l_ad[i], 1e-5, 1e-6);
         CHECK(l_m && l_ad && bad == 0, "merged logits: %zu differ from base + adapter", bad);

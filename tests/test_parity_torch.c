@@ -19,21 +19,6 @@
 #define T_ 16
 #define B_ 3
 
-static int compare(const char *what, const float *got, const float *want, size_t n, double rtol, double atol) {
-    size_t bad = 0;
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        if (!mf_close(got[i], want[i], rtol, atol)) {
-            if (bad < 3) fprintf(stderr, "  %s[%zu]: memfit %.9g torch %.9g\n", what, i, got[i], want[i]);
-            bad++;
-        }
-        if (d > worst) worst = d;
-    }
-    CHECK(bad == 0, "%s: %zu of %zu values differ (worst abs %.3g)", what, bad, n, worst);
-    return bad == 0;
-}
-
 static char *read_text(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -106,7 +91,7 @@ int main(void) {
     for (int r = 0; rl && r < B_ * T_; r++) {
         char what[32];
         snprintf(what, sizeof what, "logits row %d", r);
-        if (!compare(what, mf_model_logits(&t.model, &t.arena, T_, r / T_, r % T_),
+        if (!mf_test_compare(what, mf_model_logits(&t.model, &t.arena, T_, r / T_, r % T_),
                      (const float *)rl->data + (size_t)r * 50257, 50257, 1e-5, 1e-6)) break;
     }
     mf_arena_step(&t.arena);
@@ -121,7 +106,7 @@ int main(void) {
         const mf_st_tensor *g = mf_st_find(&ref, nm);
         size_t n = (size_t)(x->rows_file * (x->ndim > 1 ? x->shape[1] : 1));
         CHECK(g && g->nbytes == n * 4, "reference gradient %s", nm);
-        if (g) compare(nm, mf_arena_ptr(&t.arena, x->g), g->data, n, 1e-4, 1e-6);
+        if (g) mf_test_compare(nm, mf_arena_ptr(&t.arena, x->g), g->data, n, 1e-4, 1e-6);
     }
     printf("loss %.9g (torch %s); logits and %d gradients compared\n", loss, ls ? ls : "?", t.model.n_tensors);
     mf_trainer_free(&t);
@@ -152,7 +137,7 @@ int main(void) {
             /* Adam divides by sqrt(v): where a gradient entry is tiny, fp32
              * round-off in it moves the update by a visible fraction of lr
              * (1e-3), so final weights get an absolute bound of 2% of lr */
-            if (w) compare(x->name, mf_arena_ptr(&t.arena, x->p), w->data, n, 1e-4, 2e-5);
+            if (w) mf_test_compare(x->name, mf_arena_ptr(&t.arena, x->p), w->data, n, 1e-4, 2e-5);
         }
         mf_st_close(&fin);
     } else CHECK(0, "%s", mf_error());

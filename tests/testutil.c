@@ -11,6 +11,21 @@ int mf_close(double a, double b, double rtol, double atol) {
     return d <= atol || d <= rtol * m;
 }
 
+int mf_test_compare(const char *what, const float *got, const float *want, size_t n, double rtol, double atol) {
+    size_t bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (!mf_close(got[i], want[i], rtol, atol)) {
+            if (bad < 3) fprintf(stderr, "  %s[%zu]: memfit %.9g reference %.9g\n", what, i, got[i], want[i]);
+            bad++;
+        }
+        if (d > worst) worst = d;
+    }
+    CHECK(bad == 0, "%s: %zu of %zu values differ (worst abs %.3g)", what, bad, n, worst);
+    return bad == 0;
+}
+
 int mf_test_done(const char *name) {
     if (mf_test_failures) {
         fprintf(stderr, "%s: %d check(s) failed\n", name, mf_test_failures);

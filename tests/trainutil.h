@@ -10,6 +10,7 @@
 #include "memfit/config.h"
 #include "memfit/core.h"
 #include "memfit/data.h"
+#include "memfit/model.h"
 #include "memfit/train.h"
 
 /* Writes n pseudo-random byte-level ids with some structure (so the loss
@@ -62,6 +63,18 @@ static inline float *tu_copy_tensors(const mf_trainer *t, int grads, size_t *n) 
         p += x->numel;
     }
     *n = total;
+    return out;
+}
+/* The logits (V wide) of all B*T rows of the next batch, from a forward
+ * pass without loss; the caller frees. */
+static inline float *tu_logits_of(mf_trainer *t, int B, int T) {
+    int V = t->d.V;
+    float *out = malloc((size_t)B * T * V * sizeof *out);
+    mf_arena_step(&t->arena);
+    mf_trainer_load_batch(t);
+    mf_model_forward(&t->model, &t->arena, B, T, 0, 0.0f);
+    for (int r = 0; out && r < B * T; r++)
+        memcpy(out + (size_t)r * V, mf_model_logits(&t->model, &t->arena, T, r / T, r % T), (size_t)V * sizeof *out);
     return out;
 }
 #endif
