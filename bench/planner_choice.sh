@@ -26,7 +26,7 @@ for c in r["settings"]:
     args = [M, "train", *run, "--steps", steps, "--sample_tokens", "0", "--val_every", "0", "--val_batches", "1",
             "--progress", "0", "--plan", "off", "--metrics", W + "/m.jsonl",
             "--batch", str(c["batch"]), "--grad_accum", str(c["grad_accum"]), "--optimizer", c["optimizer"],
-            "--update_in_backward", str(c["update_in_backward"])]
+            "--update_in_backward=" + str(c["update_in_backward"])]
     rc = c["recompute"] if c["recompute"] != "auto" else "auto"
     args += ["--recompute", rc]
     if c["recompute"] == "auto":
