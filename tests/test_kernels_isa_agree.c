@@ -7,7 +7,8 @@
  *    (layernorm outputs 1e-5 of max(|v|, 1), cross-entropy 1e-6, sums of
  *    squares 1e-12);
  *  - in each build, the fused kernels give exactly what the unfused
- *    sequence gives (bias+GELU, residual+layernorm);
+ *    sequence gives (bias+GELU, residual+layernorm), and the bf16-output
+ *    kernels give the fp32 kernel's result rounded by mf_f32_to_bf16;
  *  - the table in use is the one MEMFIT_ISA asks for (auto/unset: avx512
  *    where the CPU has it); ctest runs this test a second time with
  *    MEMFIT_ISA=portable.
@@ -16,6 +17,7 @@
  * Sizes are odd so vector remainders and partial column blocks are hit. */
 #include "memfit/core.h"
 #include "memfit/kernels.h"
+#include "memfit/half.h"
 #include "kernels/isa.h" /* internal: both tables are tested directly */
 #include "testutil.h"
 
@@ -162,6 +164,35 @@ static void cross(const mf_kernel_isa *k0, const mf_kernel_isa *k1) {
     free(lg), free(l0), free(l1), free(v), free(v0), free(v1), free(P0), free(P1), free(G), free(M0), free(M1), free(V0), free(V1);
 }
 
+/* the bf16-output kernels of one table: the conversion is mf_f32_to_bf16
+ * element by element (ties, NaN, infinities, subnormals included), and
+ * layernorm/GELU with a bf16 output are the fp32 kernels then that rounding */
+static void bf16_outputs(const mf_kernel_isa *k) {
+    const size_t n = (size_t)N * OC;
+    float *x = fnormal(n, 3);
+    const uint32_t special[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu, 0x00000001u,
+                                0x80400000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0x00000000u};
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++) memcpy(&x[i * 7], &special[i], 4);
+    uint16_t *h0 = malloc(n * 2), *h1 = malloc(n * 2);
+    k->to_bf16(h0, x, n);
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= h0[i] == mf_f32_to_bf16(x[i]);
+    CHECK(ok, "%s: to_bf16 != mf_f32_to_bf16", k->name);
+
+    float *g = falloc(n), *y = fnormal((size_t)N * C, 2), *w = fnormal(C, 1), *b = fnormal(C, 1), *o = falloc((size_t)N * C);
+    k->gelu_forward(g, y, (size_t)N * C);
+    k->to_bf16(h0, g, (size_t)N * C);
+    k->gelu_forward_bf16(h1, y, (size_t)N * C);
+    CHECK(memcmp(h0, h1, (size_t)N * C * 2) == 0, "%s: gelu_forward_bf16 != bf16(gelu_forward)", k->name);
+    float m0[N], r0[N], m1[N], r1[N];
+    k->layernorm_forward(o, m0, r0, y, w, b, N, C);
+    k->to_bf16(h0, o, (size_t)N * C);
+    k->layernorm_forward_bf16(h1, m1, r1, y, w, b, N, C);
+    CHECK(memcmp(h0, h1, (size_t)N * C * 2) == 0 && same_bits(m0, m1, N) && same_bits(r0, r1, N),
+          "%s: layernorm_forward_bf16 != bf16(layernorm_forward)", k->name);
+    free(x), free(h0), free(h1), free(g), free(y), free(w), free(b), free(o);
+}
+
 /* the fused kernels of one table against the unfused sequence */
 static void fused(const mf_kernel_isa *k) {
     float *pre = fnormal((size_t)N * OC, 2), *bias = fnormal(OC, 1);
@@ -219,5 +250,10 @@ int main(void) {
     } else
 #endif
         fprintf(stderr, "test_kernels_isa_agree: no AVX-512 here; portable vs avx512 not compared\n");
+    /* after the cross-build comparison, so its inputs (one seeded stream) stay as they were */
+    bf16_outputs(&mf_kernels_portable);
+#ifdef MF_HAVE_AVX512_TABLE
+    if (ok512) bf16_outputs(&mf_kernels_avx512);
+#endif
     return mf_test_done("test_kernels_isa_agree");
 }

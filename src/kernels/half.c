@@ -3,6 +3,7 @@
  * whose subnormal path lets the FPU do the rounding (so this file must not
  * be built with -ffast-math). */
 #include "memfit/half.h"
+#include "isa.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -63,10 +64,8 @@ uint32_t mf_half_sr_bits(uint64_t seed, uint64_t i) {
     return (uint32_t)(z >> 48);
 }
 
-void mf_bf16_from_f32(mf_bf16 *out, const float *in, size_t n) {
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) out[i] = mf_f32_to_bf16(in[i]);
-}
+/* the dispatched kernel (isa.h): the same rounding, 16 lanes with AVX-512 */
+void mf_bf16_from_f32(mf_bf16 *out, const float *in, size_t n) { mf_kernels_isa_get()->to_bf16(out, in, n); }
 
 void mf_f32_from_bf16(float *out, const mf_bf16 *in, size_t n) {
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)

@@ -53,6 +53,12 @@ typedef struct {
     /* AdamW with coefficients precomputed by mf_adamw_update */
     void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float beta1, float beta2,
                   float omb1, float omb2, float step_size, float bc2_sqrt, float eps, float decay, float gscale);
+    /* bf16 outputs (nearest-even) of the fp32 formulas: a conversion, the
+     * layernorm forward (statistics as layernorm_stats) and GELU */
+    void (*to_bf16)(uint16_t *out, const float *in, size_t n);
+    void (*layernorm_forward_bf16)(uint16_t *out, float *mean, float *rstd, const float *inp, const float *w,
+                                   const float *b, int N, int C);
+    void (*gelu_forward_bf16)(uint16_t *out, const float *inp, size_t n);
 } mf_kernel_isa;
 
 extern const mf_kernel_isa mf_kernels_portable;

@@ -55,6 +55,10 @@ void mf_encoder_forward16(float *out, const int32_t *inp, const void *wte, mf_dt
 void mf_layernorm_forward16(void *out, mf_dtype dt, float *mean, float *rstd, const float *inp,
                             const float *w, const float *b, int N, int C) {
     const mf_kernel_isa *K = mf_kernels_isa_get();
+    if (dt == MF_DTYPE_BF16) {
+        K->layernorm_forward_bf16(out, mean, rstd, inp, w, b, N, C);
+        return;
+    }
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
@@ -69,6 +73,10 @@ void mf_layernorm_forward16(void *out, mf_dtype dt, float *mean, float *rstd, co
 #define GELU_A 0.044715f
 
 void mf_gelu_forward16(void *out, mf_dtype dt, const float *inp, size_t n) {
+    if (dt == MF_DTYPE_BF16) {
+        mf_kernels_isa_get()->gelu_forward_bf16(out, inp, n);
+        return;
+    }
     uint16_t *o = out;
     const size_t blk = 1024;
     const size_t nb = (n + blk - 1) / blk;
@@ -173,17 +181,7 @@ void mf_matmul16_backward(mf_dtype dt, float *dinp, float *dw, float *dbias, con
     /* dw (C,OC) += inp^T @ dout first: inp may live in dinp's buffer */
     mf_gemm16(dt, dw, inp, dout16, NULL, C, OC, N, 1, 0, 1, scratch, scratch_bytes);
     if (dinp) mf_gemm16(dt, dinp, dout16, w, NULL, N, C, OC, 0, 1, 0, scratch, scratch_bytes);
-    if (dbias) {
-        /* column sums of the fp32 gradient, in row order per column */
-#pragma omp parallel for schedule(static) if ((size_t)N * OC >= MF_PAR_MIN)
-        for (int j0 = 0; j0 < OC; j0 += 64) {
-            int j1 = j0 + 64 < OC ? j0 + 64 : OC;
-            float acc[64] = {0};
-            for (int n = 0; n < N; n++)
-                for (int j = j0; j < j1; j++) acc[j - j0] += dout[(size_t)n * OC + j];
-            for (int j = j0; j < j1; j++) dbias[j] += acc[j - j0];
-        }
-    }
+    if (dbias) mf_kernels_isa_get()->bias_backward(dbias, dout, N, OC);  /* column sums of the fp32 gradient */
 }
 
 void mf_classifier16_forward(mf_dtype dt, float *logits, const void *x, const void *wte, int N, int C, int Vp,
