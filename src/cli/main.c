@@ -426,7 +426,7 @@ static int cmd_estimate(int argc, char **argv) {
     /* the runtime outside the arena, measured as train measures it */
     if (mf_model_dims(&cfg, &d)) return die(mf_error());
     int T = cfg.seq ? cfg.seq : d.maxT;
-    mf_blas_warmup(&d, cfg.batch * T);
+    mf_blas_warmup(&d, cfg.batch * T, mf_blas_warm_shapes(&cfg));
     size_t runtime = mf_rss_current();
     if (mf_train_plan(&cfg, MF_MODE_TRAIN, nthreads, runtime, &d, &plan, &model)) return die(mf_error());
     if (json) mf_report_estimate_json(stdout, &cfg, &d, &plan, &model, runtime);
@@ -490,7 +490,7 @@ static int cmd_plan(int argc, char **argv) {
     mf_dims d;
     if (mf_model_dims(&cfg, &d)) return die(mf_error());
     int T = cfg.seq ? cfg.seq : d.maxT;
-    mf_blas_warmup(&d, cfg.batch * T);
+    mf_blas_warmup(&d, cfg.batch * T, mf_blas_warm_shapes(&cfg));
     size_t runtime = mf_rss_current();
     char path[MF_PATH_MAX];
     mf_planner_offload_path(&cfg, path, sizeof path);
