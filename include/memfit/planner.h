@@ -21,10 +21,11 @@
  *    candidates (recompute, micro-batch x accumulation with the effective
  *    batch fixed, update_in_backward when the run does not clip, optimizer
  *    state offloaded to disk); allow_lossy adds 8-bit AdamW and Adafactor in
- *    place of AdamW. SGD is never substituted for another optimizer. A key
- *    the user set explicitly (file or flag) is not varied.
- *  - Each axis is one row of a table in planner.c; new techniques (precision,
- *    LoRA) join as rows when they land.
+ *    place of AdamW, bf16 precision, and, for a run that fine-tunes loaded
+ *    weights (--init), LoRA r=8 on an fp32, bf16, int8 or NF4 base. SGD is
+ *    never substituted for another optimizer. A key the user set explicitly
+ *    (file or flag) is not varied.
+ *  - Each axis is one row of a table in planner.c.
  */
 #ifndef MEMFIT_PLANNER_H
 #define MEMFIT_PLANNER_H
@@ -80,6 +81,8 @@ typedef struct {
     char optimizer[16];
     char precision[8];    /* fp32 | bf16 | fp16 */
     int master;           /* 16-bit precision with fp32 master weights */
+    char lora[256];       /* "" (full fine-tuning) or the --lora spec */
+    char base_dtype[8];   /* with lora: the frozen base's storage */
     int update_in_backward;
     int offload;          /* optimizer state in a file */
     int lossy;            /* changes the maths of the requested run */
@@ -109,14 +112,15 @@ typedef struct {
  * grad_accum), plans each, predicts its time, marks the Pareto frontier
  * (no other setting is both smaller and faster) and the choice: the fastest
  * that fits cfg->budget, but an exact setting over a lossy one less than 3%
- * faster, and the requested setting when it fits and is within 3% of that.
+ * faster, a full fine-tuning setting over LoRA whenever one fits, and the
+ * requested setting when it fits and is within 3% of that.
  * offload_path: the file offloaded candidates use.
  * -1 only when the requested config itself cannot be planned. */
 int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size_t runtime, int nthreads,
                       const mf_rates *rates, const char *offload_path, mf_planner_result *out);
 void mf_planner_free(mf_planner_result *r);
 /* Writes a choice's settings into cfg (batch, grad_accum, recompute,
- * optimizer, update_in_backward, offload). */
+ * optimizer, update_in_backward, offload, precision, lora, base_dtype). */
 int mf_planner_apply(const mf_planner_choice *c, const char *offload_path, mf_config *cfg);
 /* "recompute full, batch 2 x accum 8, adamw, update_in_backward, offload disk" */
 char *mf_planner_describe(const mf_planner_choice *c, char *buf, size_t n);

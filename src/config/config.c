@@ -83,7 +83,7 @@ static const key_row keys[] = {
     {"report", T_STR, S(report), "", 0, 0, "write a self-contained HTML report (loss, tokens/s, memory by category, plan vs measured) into this folder"},
     {"budget", T_SIZE, F(budget), 0, "0", 0, 0, "memory budget for the whole process, e.g. 2GiB (0 = none)"},
     {"plan", T_STR, S(plan), "auto", 0, 0, "with --budget: auto (train with the fastest setting that fits: recompute, micro-batch x grad_accum, update_in_backward, optimizer offload; keys you set are kept) or off (refuse a plan over budget)"},
-    {"allow", T_STR, S(allow), "", 0, 0, "lossy: the planner may also choose settings that change the maths (adamw8bit, adafactor for adamw); empty = keep the maths"},
+    {"allow", T_STR, S(allow), "", 0, 0, "lossy: the planner may also choose settings that change the maths (adamw8bit, adafactor for adamw; bf16; LoRA when --init is given and no full fine-tuning setting fits); empty = keep the maths"},
     {"effective_batch", T_INT, F(effective_batch), 0, "0", 0, 1 << 20, "sequences per optimizer step the planner keeps fixed, split as batch x grad_accum (0 = batch x grad_accum)"},
     {"health_levels", T_STR, S(health_levels), "0.90,0.92,0.95,0.97", 0, 0, "memory health levels target,warning,critical,emergency as fractions of --budget (log, metrics, report)"},
     {"threads", T_INT, F(threads), 0, "0", 0, 4096, "threads (0 = all cores)"},

@@ -12,10 +12,13 @@
  * One axis is a config key and its candidate values. "micro_batch" is the
  * one pseudo-key: it sets batch and grad_accum so that their product stays
  * the effective batch (gradients identical to the big batch); "precision"
- * values are fp32, bf16 and bf16:nomaster (bf16 with master_weights 0).
- * LoRA joins as an axis here when it lands. */
+ * values are fp32, bf16 and bf16:nomaster (bf16 with master_weights 0);
+ * "lora" values are "" (full fine-tuning) or "BASE_DTYPE|LORA_SPEC". */
 #define MAX_VALS 24
-#define N_AXES 6
+#define N_AXES 7
+/* the adapters the planner offers: r=8 on all four block matrices (the
+ * README's walk-through and bench/lora.sh) */
+#define MF_PLANNER_LORA "r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj"
 typedef struct {
     const char *key;
     int n;
@@ -95,6 +98,27 @@ static int build_axes(axis *ax, const mf_config *cfg, int eff, int allow_lossy, 
             axis_add(&ax[5], "bf16:nomaster", 1);
         }
     }
+    /* LoRA (docs/lora.md) trains adapters on a frozen base instead of the
+     * base itself: another run, not the same one leaner. So it is offered
+     * only when lossy settings are allowed and the run fine-tunes weights
+     * it loads (--init; adapters on a random base learn nothing useful),
+     * on an fp32, bf16, int8 or NF4 base; a --lora the user gave is kept */
+    ax[6].key = "lora";
+    if (cfg->lora[0] || mf_config_was_set(cfg, "lora")) {
+        char lv[MF_PATH_MAX + 32];
+        snprintf(lv, sizeof lv, "%s|%s", cfg->base_dtype, cfg->lora);
+        axis_add(&ax[6], cfg->lora[0] ? lv : "", 0);
+    } else {
+        axis_add(&ax[6], "", 0);
+        if (allow_lossy && cfg->init[0]) {
+            static const char *base[] = {"fp32", "bf16", "int8", "nf4"};
+            for (int i = 0; i < 4; i++) {
+                char lv[MF_PATH_MAX + 32];
+                snprintf(lv, sizeof lv, "%s|%s", base[i], MF_PLANNER_LORA);
+                axis_add(&ax[6], lv, 1);
+            }
+        }
+    }
     return 0;
 }
 
@@ -110,6 +134,16 @@ static int axis_set(mf_config *c, const axis *a, int i, int eff) {
         snprintf(p, sizeof p, "%.*s", (int)strcspn(a->val[i], ":"), a->val[i]);
         c->master_weights = !nomaster;
         return mf_config_set(c, "precision", p);
+    }
+    if (strcmp(a->key, "lora") == 0) {
+        const char *bar = strchr(a->val[i], '|');
+        if (!bar) {
+            c->lora[0] = 0;
+            return 0;
+        }
+        char bd[8];
+        snprintf(bd, sizeof bd, "%.*s", (int)(bar - a->val[i]), a->val[i]);
+        return mf_config_set(c, "base_dtype", bd) || mf_config_set(c, "lora", bar + 1) ? -1 : 0;
     }
     return mf_config_set(c, a->key, a->val[i]);
 }
@@ -171,6 +205,8 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
             snprintf(ch.optimizer, sizeof ch.optimizer, "%s", c.optimizer);
             snprintf(ch.precision, sizeof ch.precision, "%s", c.precision);
             ch.master = m.opt.master;
+            snprintf(ch.lora, sizeof ch.lora, "%s", c.lora);
+            snprintf(ch.base_dtype, sizeof ch.base_dtype, "%s", c.lora[0] ? c.base_dtype : "");
             ch.update_in_backward = c.update_in_backward;
             ch.offload = c.offload[0] != 0;
             ch.lossy = lossy;
@@ -201,7 +237,8 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
         if (strcmp(x->recompute, cfg->recompute) == 0 && x->batch == cfg->batch && x->grad_accum == req_accum &&
             strcmp(x->optimizer, cfg->optimizer) == 0 && x->update_in_backward == cfg->update_in_backward &&
             strcmp(x->precision, cfg->precision) == 0 && (strcmp(x->precision, "fp32") == 0 || x->master == cfg->master_weights) &&
-            x->offload == (cfg->offload[0] != 0))
+            x->offload == (cfg->offload[0] != 0) && strcmp(x->lora, cfg->lora) == 0 &&
+            (!cfg->lora[0] || strcmp(x->base_dtype, cfg->base_dtype) == 0))
             out->requested = i;
         if (out->smallest < 0 || x->need < out->c[out->smallest].need ||
             (x->need == out->c[out->smallest].need && x->pred_s < out->c[out->smallest].pred_s))
@@ -223,6 +260,14 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
     for (int i = 0; i < out->n; i++)
         if (out->c[i].fits && !out->c[i].lossy && (ex < 0 || out->c[i].pred_s < out->c[ex].pred_s)) ex = i;
     if (ex >= 0 && out->chosen >= 0 && out->c[out->chosen].lossy && out->c[out->chosen].pred_s >= 0.97 * out->c[ex].pred_s) out->chosen = ex;
+    /* LoRA trains adapters, not the model: chosen only when no full
+     * fine-tuning setting fits, however much faster it is */
+    if (out->chosen >= 0 && out->c[out->chosen].lora[0] && !cfg->lora[0]) {
+        int full = -1;
+        for (int i = 0; i < out->n; i++)
+            if (out->c[i].fits && !out->c[i].lora[0] && (full < 0 || out->c[i].pred_s < out->c[full].pred_s)) full = i;
+        if (full >= 0) out->chosen = full;
+    }
     int q = out->requested;
     if (out->chosen >= 0 && q >= 0 && out->c[q].fits && out->c[q].pred_s <= 1.03 * out->c[out->chosen].pred_s)
         out->chosen = q;
@@ -244,6 +289,7 @@ int mf_planner_apply(const mf_planner_choice *c, const char *offload_path, mf_co
         (c->precision[0] && mf_config_set(cfg, "precision", c->precision)))
         return -1;
     if (strcmp(cfg->precision, "fp32") != 0) cfg->master_weights = c->master;
+    if (mf_config_set(cfg, "lora", c->lora) || (c->lora[0] && mf_config_set(cfg, "base_dtype", c->base_dtype))) return -1;
     if (c->offload && !cfg->offload[0]) {
         snprintf(v, sizeof v, "optimizer=disk:%s", offload_path);
         if (mf_config_set(cfg, "offload", v)) return -1;
@@ -258,8 +304,13 @@ char *mf_planner_describe(const mf_planner_choice *c, char *buf, size_t n) {
     char pr[32] = "";
     if (c->precision[0] && strcmp(c->precision, "fp32") != 0)
         snprintf(pr, sizeof pr, ", %s%s", c->precision, c->master ? "" : " no master");
-    snprintf(buf, n, "recompute %s, batch %d x accum %d, %s%s%s%s", rc, c->batch, c->grad_accum, c->optimizer,
-             c->update_in_backward ? ", update_in_backward" : "", c->offload ? ", offload disk" : "", pr);
+    char lo[48] = "";
+    if (c->lora[0]) {
+        const char *r = strstr(c->lora, "r=");
+        snprintf(lo, sizeof lo, ", LoRA r=%d on a %s base", r ? atoi(r + 2) : 0, c->base_dtype);
+    }
+    snprintf(buf, n, "recompute %s, batch %d x accum %d, %s%s%s%s%s", rc, c->batch, c->grad_accum, c->optimizer,
+             c->update_in_backward ? ", update_in_backward" : "", c->offload ? ", offload disk" : "", pr, lo);
     return buf;
 }
 
@@ -337,12 +388,13 @@ void mf_planner_print_json(FILE *f, const mf_planner_result *r) {
         const mf_planner_choice *c = &r->c[i];
         fprintf(f, "%s\n{\"index\":%d,\"recompute\":\"%s\",\"auto_blocks\":%d,\"batch\":%d,\"grad_accum\":%d,"
                    "\"optimizer\":\"%s\",\"precision\":\"%s\",\"master_weights\":%d,\"update_in_backward\":%d,\"offload\":%d,\"lossy\":%d,"
+                   "\"lora\":\"%s\",\"base_dtype\":\"%s\",\"trainable_params\":%.0f,"
                    "\"arena_bytes\":%zu,\"disk_bytes\":%zu,\"process_bytes\":%zu,\"need_bytes\":%zu,\"gemm_flops\":%.0f,"
                    "\"attn_flops\":%.0f,\"elem_bytes\":%.0f,\"io_bytes\":%.0f,\"pred_step_s\":%.6f,"
                    "\"fits\":%s,\"frontier\":%s,\"chosen\":%s}",
                 i ? "," : "", i, c->recompute, c->auto_k, c->batch, c->grad_accum, c->optimizer, c->precision, c->master,
                 c->update_in_backward,
-                c->offload, c->lossy, c->arena_bytes, c->disk_bytes, c->process, c->need, c->gemm_flops, c->attn_flops,
+                c->offload, c->lossy, c->lora, c->base_dtype, c->optim_params, c->arena_bytes, c->disk_bytes, c->process, c->need, c->gemm_flops, c->attn_flops,
                 c->elem_bytes, c->io_bytes, c->pred_s, c->fits ? "true" : "false", c->frontier ? "true" : "false",
                 c->chosen ? "true" : "false");
     }

@@ -320,7 +320,7 @@ double mf_rates_gemm16(const mf_rates *r, int C, int M) { return interp(r, r->ge
  * (2 N Vp); zeroing the gradients and their norm read or write them
  * twice. The optimizer's update is its own class (parameters per second of
  * that optimizer's kernel). Offload moves every state byte out and back
- * once per step. */
+ * once per step. LoRA: see below. */
 double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_model *m, const mf_plan *p) {
     const mf_dims *d = &m->d;
     double N = (double)m->B * m->T, C = d->C, hs = (double)d->C / d->NH;
@@ -329,7 +329,21 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
     int nrec = 0;
     for (int l = 0; l < d->L; l++) nrec += m->seg > 0 || l < m->auto_k;
     int sel = m->recompute.policy == MF_RECOMPUTE_SELECTIVE;
-    double gemm = 3 * (d->L * blk_mm + head) + nrec * blk_mm;
+    /* LoRA: the base and the tied head are frozen, so backward takes only
+     * the input gradients (one product, not two); the adapters add
+     * 2N(in r + r out) per target forward and twice that backward, i.e. 6N
+     * per trainable parameter (8N where recomputed); a quantised base is
+     * dequantised a tile at a time on every pass over it (forward,
+     * input gradient, recompute), about 5 bytes moved per weight */
+    int lora = m->lora.r > 0, quant = 0;
+    double trainable = 0, nparams = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        nparams += (double)m->tensors[i].numel;
+        if (!m->tensors[i].frozen) trainable += (double)m->tensors[i].numel;
+        quant |= m->tensors[i].qkind != 0;
+    }
+    double gemm = (lora ? 2 : 3) * (d->L * blk_mm + head) + nrec * blk_mm;
+    if (lora) gemm += (6.0 + 2.0 * nrec / d->L) * N * trainable;
     double attn = 3.5 * d->L * attn_f + nrec * attn_f;
     double elem = 4.0 * (3 * d->L * 18 * N * C + nrec * 18 * N * C + (sel ? d->L * 12 * N * C : 0) + 2 * N * d->Vp);
     /* 16-bit: rounding every GEMM's output gradient and the attention
@@ -337,11 +351,11 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
      * head's d(logits); the master weights rounded into their copies */
     int h16 = m->cdt != MF_DTYPE_F32;
     if (h16) elem += 4.0 * (d->L * 12 * N * C + N * d->Vp) + 6.0 * (double)p->total_cat[MF_CAT_MASTER] / 4;
+    if (quant) elem += 5.0 * (2 * d->L + nrec) * 12 * C * C;
     int accum = c->grad_accum > 0 ? c->grad_accum : 1;
     /* zeroing the gradients and their norm: two passes over them */
     double grads = (double)p->total_cat[MF_CAT_GRADS];
-    double nparams = 0;
-    for (int i = 0; i < m->n_tensors; i++) nparams += (double)m->tensors[i].numel;
+    if (lora) nparams = trainable; /* the optimizer updates the adapters only */
     c->gemm_flops = accum * gemm;
     c->attn_flops = accum * attn;
     c->elem_bytes = accum * elem + 2.0 * grads;
