@@ -20,14 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int cmpd(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmpd);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+#include "benchutil.h"
+
 
 static void bench(int B, int T, int C, int NH, int reps) {
     const int hs = C / NH, nt = omp_get_max_threads();
@@ -66,9 +60,9 @@ static void bench(int B, int T, int C, int NH, int reps) {
     double tot_n[64], tot_f[64];
     for (int r = 0; r < reps && r < 64; r++) { tot_n[r] = t[0][r] + t[1][r]; tot_f[r] = t[2][r] + t[3][r]; }
     const int nr = reps < 64 ? reps : 64;
-    const double mn = median(tot_n, nr), mf = median(tot_f, nr);
-    const double nf = median(t[0], reps), nb = median(t[1], reps);
-    const double ff = median(t[2], reps), fb = median(t[3], reps);
+    const double mn = bench_median(tot_n, nr), mf = bench_median(tot_f, nr);
+    const double nf = bench_median(t[0], reps), nb = bench_median(t[1], reps);
+    const double ff = bench_median(t[2], reps), fb = bench_median(t[3], reps);
     printf("B=%d T=%d C=%d NH=%d threads=%d reps=%d (medians)\n", B, T, C, NH, nt, reps);
     printf("  naive: fwd %8.2f ms  bwd %8.2f ms  total %8.2f ms\n", nf, nb, mn);
     printf("  flash: fwd %8.2f ms  bwd %8.2f ms  total %8.2f ms\n", ff, fb, mf);

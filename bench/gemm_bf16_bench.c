@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
-static int cmpd(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
+#include "benchutil.h"
+
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 7;
@@ -43,15 +43,15 @@ int main(int argc, char **argv) {
         void *scr = ns ? malloc(ns) : NULL;
         double ts[1000], tb[1000], fl = 2.0 * M * N * K;
         for (int r = -1; r < reps; r++) { /* r = -1: warm-up, untimed */
-            double t0 = now();
+            double t0 = bench_now();
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1, A, K, B, N, 0, C, N);
-            double t1 = now();
+            double t1 = bench_now();
             if (mf_gemm_bf16(C, Ah, Bh, NULL, M, N, K, 0, 0, 0, 0, scr)) { fprintf(stderr, "%s\n", mf_error()); return 1; }
-            double t2 = now();
+            double t2 = bench_now();
             if (r >= 0) { ts[r] = t1 - t0; tb[r] = t2 - t1; }
         }
-        qsort(ts, reps, sizeof *ts, cmpd);
-        qsort(tb, reps, sizeof *tb, cmpd);
+        qsort(ts, reps, sizeof *ts, bench_cmpd);
+        qsort(tb, reps, sizeof *tb, bench_cmpd);
         double gs = fl / ts[reps / 2] / 1e9, gb = fl / tb[reps / 2] / 1e9;
         if (s < 4) { gsum_s += fl / gs; gsum_b += fl / gb; }
         printf("%-16s %6d %6d %6d %12.1f %12.1f %6.2fx\n", shapes[s].what, M, N, K, gs, gb, gb / gs);

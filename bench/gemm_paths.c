@@ -12,23 +12,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-/* CPU seconds of the whole process (all threads): on a shared machine,
- * flops per CPU-second compares the libraries' kernels without the time
- * other tenants take (spin-waiting threads count as busy) */
-static double cpu(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static int cmpd(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "benchutil.h"
+
 
 typedef struct { const char *what; int M, N, K, ta, tb; float beta; } shape;
 
@@ -67,18 +52,18 @@ int main(int argc, char **argv) {
         const shape *q = &sh[s];
         int lda = q->ta ? q->M : q->K, ldb = q->tb ? q->K : q->N, ldc = q->N;
         for (int r = -1; r < reps; r++) { /* r = -1: warm-up of both */
-            double ca = cpu(), a = now();
+            double ca = bench_cpu(), a = bench_now();
             cblas_sgemm(CblasRowMajor, q->ta ? CblasTrans : CblasNoTrans, q->tb ? CblasTrans : CblasNoTrans, q->M, q->N,
                         q->K, 1.0f, A, lda, B, ldb, q->beta, Cm, ldc);
-            double b = now(), cb = cpu();
+            double b = bench_now(), cb = bench_cpu();
             dnnl_sgemm(q->ta ? 'T' : 'N', q->tb ? 'T' : 'N', q->M, q->N, q->K, 1.0f, A, lda, B, ldb, q->beta, Cm, ldc);
-            double c = now(), cc = cpu();
+            double c = bench_now(), cc = bench_cpu();
             if (r >= 0) t0[r] = b - a, t1[r] = c - b, c0[r] = cb - ca, c1[r] = cc - cb;
         }
-        qsort(t0, (size_t)reps, sizeof(double), cmpd);
-        qsort(t1, (size_t)reps, sizeof(double), cmpd);
-        qsort(c0, (size_t)reps, sizeof(double), cmpd);
-        qsort(c1, (size_t)reps, sizeof(double), cmpd);
+        qsort(t0, (size_t)reps, sizeof(double), bench_cmpd);
+        qsort(t1, (size_t)reps, sizeof(double), bench_cmpd);
+        qsort(c0, (size_t)reps, sizeof(double), bench_cmpd);
+        qsort(c1, (size_t)reps, sizeof(double), bench_cmpd);
         double f = 2.0 * q->M * (double)q->N * q->K, m0 = t0[reps / 2], m1 = t1[reps / 2];
         /* per step: 12 layers of each block GEMM, 4 chunks of each head GEMM */
         int per = s < 12 ? 12 : s < 15 ? 4 : 0;

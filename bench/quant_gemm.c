@@ -21,19 +21,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-static int cmpd(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-static double median(double *t, int n) {
-    qsort(t, n, sizeof *t, cmpd);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
+#include "benchutil.h"
+
 
 #define NK 4
 #define MAXREP 200
@@ -67,22 +56,22 @@ int main(int argc, char **argv) {
         for (int k = 0; k < NK; k++) {
             wq[k] = malloc(mf_quant_bytes(ks[k], (int64_t)K * N));
             mf_quant_pack(ks[k], wq[k], w, (int64_t)K * N); /* first touch of the pages */
-            double t0 = now();
+            double t0 = bench_now();
             mf_quant_pack(ks[k], wq[k], w, (int64_t)K * N);
-            tpack[s][k] = (now() - t0) * 1e3;
+            tpack[s][k] = (bench_now() - t0) * 1e3;
             size_t sb = mf_quant_matmul_scratch_bytes(ks[k], M, K, N);
             scr[k] = sb ? malloc(sb) : NULL;
         }
         static double tf[NK][MAXREP], tb[NK][MAXREP], tu[NK][MAXREP];
         for (int r = -1; r < reps; r++) { /* r = -1: warm-up, untimed */
             for (int k = 0; k < NK; k++) {
-                double t0 = now();
+                double t0 = bench_now();
                 mf_quant_matmul_forward(out, inp, wq[k], bias, M, K, N, ks[k], scr[k]);
-                double t1 = now();
+                double t1 = bench_now();
                 mf_quant_matmul_backward_input(dinp, dout, wq[k], M, K, N, ks[k], scr[k]);
-                double t2 = now();
+                double t2 = bench_now();
                 mf_quant_unpack(ks[k], wd, wq[k], 0, (int64_t)K * N);
-                double t3 = now();
+                double t3 = bench_now();
                 if (r >= 0) {
                     tf[k][r] = t1 - t0;
                     tb[k][r] = t2 - t1;
@@ -93,8 +82,8 @@ int main(int argc, char **argv) {
         for (int op = 0; op < 2; op++) {
             double med[NK], mu[NK];
             for (int k = 0; k < NK; k++) {
-                med[k] = median(op ? tb[k] : tf[k], reps) * 1e3;
-                mu[k] = median(tu[k], reps) * 1e3;
+                med[k] = bench_median(op ? tb[k] : tf[k], reps) * 1e3;
+                mu[k] = bench_median(tu[k], reps) * 1e3;
                 tot[op][k] += med[k];
             }
             printf("%-12s %-4s %5d %5d %5d | %8.2f | %8.2f (%5.3fx) %8.2f (%5.3fx) %8.2f (%5.3fx) | %.2f / %.2f / %.2f\n",

@@ -13,15 +13,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static int cmpd(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "benchutil.h"
+
 
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 2048, reps = argc > 2 ? atoi(argv[2]) : 7;
@@ -41,18 +34,18 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < nn; i++) a[i] = (float)(i % 97) * 0.01f, b[i] = (float)(i % 89) * 0.01f, c[i] = 0;
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up of both */
-        double t0 = now();
+        double t0 = bench_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        double t1 = now();
+        double t1 = bench_now();
         if (dnnl_sgemm('N', 'N', n, n, n, 1.0f, a, n, b, n, 0.0f, c, n) != dnnl_success) {
             fprintf(stderr, "sgemm: dnnl_sgemm failed\n");
             return 1;
         }
-        double t2 = now();
+        double t2 = bench_now();
         if (r >= 0) t[r] = t1 - t0, u[r] = t2 - t1;
     }
-    qsort(t, (size_t)reps, sizeof *t, cmpd);
-    qsort(u, (size_t)reps, sizeof *u, cmpd);
+    qsort(t, (size_t)reps, sizeof *t, bench_cmpd);
+    qsort(u, (size_t)reps, sizeof *u, bench_cmpd);
     double f = 2.0 * n * (double)n * n * 1e-9;
     double ob = f / (reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]));
     double dn = f / (reps % 2 ? u[reps / 2] : 0.5 * (u[reps / 2 - 1] + u[reps / 2]));

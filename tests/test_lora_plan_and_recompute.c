@@ -43,11 +43,7 @@ static void run(const char *data, const char *lora, const char *policy, const ch
           (long long)mf_model_n_trainable(&t.model));
     size_t n0;
     float *w0 = tu_copy_tensors(&t, 0, &n0);
-    for (int i = 0; i < steps; i++) {
-        mf_step_stats st;
-        CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
-        losses[i] = st.loss;
-    }
+    tu_steps(&t, 0, steps, losses);
     CHECK(t.ledger.peak_total == t.plan.peak_bytes, "%s %s: ledger peak %zu != planned %zu", lora, policy,
           t.ledger.peak_total, t.plan.peak_bytes);
     for (int i = 0; i < MF_CAT_COUNT; i++)

@@ -60,11 +60,7 @@ static size_t run(const char *data, const char *base, const char *rc, int n, dou
                   "%s row is not mf_quant_bytes", x->name);
     }
     CHECK(kind == 0 || (t.model.qscr_f >= 0 && t.model.qscr_b >= 0), "%s: no GEMM scratch rows", base);
-    for (int i = 0; i < n; i++) {
-        mf_step_stats st;
-        CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
-        loss[i] = st.loss;
-    }
+    tu_steps(&t, 0, n, loss);
     char what[64];
     snprintf(what, sizeof what, "%s recompute %s", base, rc);
     ledger_ok(&t, what);
@@ -103,30 +99,18 @@ int main(void) {
     double l8[8], lr[8];
     config(&c, data, "nf4", "none");
     if (mf_trainer_init(&t, &c, MF_MODE_TRAIN) == 0) {
-        for (int i = 0; i < 8; i++) {
-            mf_step_stats st;
-            CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
-            l8[i] = st.loss;
-        }
+        tu_steps(&t, 0, 8, l8);
         mf_trainer_free(&t);
     }
     if (mf_trainer_init(&t, &c, MF_MODE_TRAIN) == 0) {
-        for (int i = 0; i < 4; i++) {
-            mf_step_stats st;
-            CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
-            lr[i] = st.loss;
-        }
+        tu_steps(&t, 0, 4, lr);
         CHECK(mf_trainer_save_checkpoint(&t, ck) == 0, "%s", mf_error());
         CHECK(mf_trainer_save_weights(&t, w) == 0, "%s", mf_error());
         mf_trainer_free(&t);
     }
     mf_config_set(&c, "resume", ck);
     if (mf_trainer_init(&t, &c, MF_MODE_TRAIN) == 0) {
-        for (int i = 4; i < 8; i++) {
-            mf_step_stats st;
-            CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
-            lr[i] = st.loss;
-        }
+        tu_steps(&t, 4, 8, lr);
         mf_trainer_free(&t);
     } else CHECK(0, "resume: %s", mf_error());
     for (int i = 0; i < 8; i++) CHECK(l8[i] == lr[i], "resume step %d: %.17g vs %.17g", i + 1, lr[i], l8[i]);

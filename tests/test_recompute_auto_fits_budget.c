@@ -84,11 +84,7 @@ int main(void) {
     CHECK(t.model.auto_k == 0, "no budget: %d blocks recomputed", t.model.auto_k);
     size_t base = t.ledger.rss_baseline;
     double l_none[5];
-    for (int i = 0; i < 5; i++) {
-        mf_step_stats st;
-        CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
-        l_none[i] = st.loss;
-    }
+    tu_steps(&t, 0, 5, l_none);
     mf_trainer_free(&t);
     /* steps may leave the process larger outside the plan (the GEMM
      * library's kernel caches): the baseline the next trainer reads is the

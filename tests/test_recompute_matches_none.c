@@ -20,11 +20,7 @@ static void run(const char *data, const char *prec, const char *policy, double *
     mf_config_set(&c, "steps", "20");
     mf_trainer t;
     if (mf_trainer_init(&t, &c, MF_MODE_TRAIN)) { CHECK(0, "%s", mf_error()); return; }
-    for (int i = 0; i < 20; i++) {
-        mf_step_stats st;
-        CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
-        losses[i] = st.loss;
-    }
+    tu_steps(&t, 0, 20, losses);
     *acts = t.plan.peak_cat[MF_CAT_ACTS];
     *peak_ok = t.ledger.peak_total == t.plan.peak_bytes;
     *w = tu_copy_tensors(&t, 0, nw);

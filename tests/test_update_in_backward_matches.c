@@ -20,11 +20,7 @@ static float *train(const char *data, const char *opt, const char *recompute, in
     mf_config_set(&c, "update_in_backward", uib ? "1" : "0");
     mf_trainer t;
     if (mf_trainer_init(&t, &c, MF_MODE_TRAIN)) { CHECK(0, "%s: %s", opt, mf_error()); return NULL; }
-    for (int i = 0; i < 6; i++) {
-        mf_step_stats st;
-        CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
-        losses[i] = st.loss;
-    }
+    tu_steps(&t, 0, 6, losses);
     CHECK(t.ledger.peak_total == t.plan.peak_bytes, "%s uib=%d: ledger %zu != plan %zu", opt, uib,
           t.ledger.peak_total, t.plan.peak_bytes);
     *grad_bytes = t.plan.max_cat[MF_CAT_GRADS];

@@ -12,6 +12,7 @@
 #include "memfit/data.h"
 #include "memfit/model.h"
 #include "memfit/train.h"
+#include "testutil.h"
 
 /* Writes n pseudo-random byte-level ids with some structure (so the loss
  * can fall) to a fresh temp file; path receives its name. */
@@ -65,6 +66,15 @@ static inline float *tu_copy_tensors(const mf_trainer *t, int grads, size_t *n) 
     *n = total;
     return out;
 }
+/* Runs steps [from, to) of t, each CHECKed, loss[i] = step i's loss. */
+static inline void tu_steps(mf_trainer *t, int from, int to, double *loss) {
+    for (int i = from; i < to; i++) {
+        mf_step_stats st;
+        CHECK(mf_trainer_step(t, &st) == 0, "step %d: %s", i + 1, mf_error());
+        loss[i] = st.loss;
+    }
+}
+
 /* The logits (V wide) of all B*T rows of the next batch, from a forward
  * pass without loss; the caller frees. */
 static inline float *tu_logits_of(mf_trainer *t, int B, int T) {

@@ -69,27 +69,21 @@ void mf_layernorm_forward16(void *out, mf_dtype dt, float *mean, float *rstd, co
     }
 }
 
-#define GELU_K 0.7978845608028654f
-#define GELU_A 0.044715f
-
 void mf_gelu_forward16(void *out, mf_dtype dt, const float *inp, size_t n) {
+    const mf_kernel_isa *K = mf_kernels_isa_get();
     if (dt == MF_DTYPE_BF16) {
-        mf_kernels_isa_get()->gelu_forward_bf16(out, inp, n);
+        K->gelu_forward_bf16(out, inp, n);
         return;
     }
     uint16_t *o = out;
-    const size_t blk = 1024;
+    const size_t blk = 1024; /* below the kernel's own threading threshold: one thread per block */
     const size_t nb = (n + blk - 1) / blk;
-    /* the fp32 formula (vectorised into a stack block), then rounded */
+    /* the dispatched fp32 GELU into a stack block, then rounded */
 #pragma omp parallel for schedule(static) if (n >= MF_PAR_MIN)
     for (size_t k = 0; k < nb; k++) {
         float tmp[1024];
         size_t i0 = k * blk, m = n - i0 < blk ? n - i0 : blk;
-#pragma omp simd
-        for (size_t i = 0; i < m; i++) {
-            const float x = inp[i0 + i];
-            tmp[i] = 0.5f * x * (1.0f + mf_vtanhf(GELU_K * (x + GELU_A * x * x * x)));
-        }
+        K->gelu_forward(tmp, inp + i0, m);
         for (size_t i = 0; i < m; i++) o[i0 + i] = round16(dt, tmp[i]);
     }
 }
