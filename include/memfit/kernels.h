@@ -105,14 +105,24 @@ void mf_scale(float *x, float s, size_t n);
 
 /* fp32 GEMM, row-major, C (M,N) = alpha op(A) op(B) + beta C, op = transpose
  * if ta/tb; beta = 0 never reads C. Every fp32 product of the model goes
- * here (not the attention tiles). Backend: oneDNN's sgemm by default, or
- * OpenBLAS with MEMFIT_GEMM=openblas (auto | onednn | openblas).
+ * here (not the attention tiles). Backend (MEMFIT_GEMM = auto | onednn |
+ * matmul | openblas): oneDNN's sgemm by default (auto); oneDNN's matmul
+ * primitive, whose scratch is the caller's (below); or OpenBLAS.
  * mf_sgemm_init returns -1 (message via mf_error) for a bad MEMFIT_GEMM;
- * mf_sgemm_name gives "onednn" or "openblas". */
+ * mf_sgemm_name gives "onednn", "matmul" or "openblas"; mf_sgemm_use
+ * switches backend (benches, tests; -1 for a bad name). */
 void mf_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
               float beta, float *C, int ldc);
 int mf_sgemm_init(void);
 const char *mf_sgemm_name(void);
+int mf_sgemm_use(const char *name);
+/* Scratch bytes the matmul backend needs for a call with dense leading
+ * dimensions (0 for the other backends), SIZE_MAX on error. */
+size_t mf_sgemm_scratch_bytes(int ta, int tb, int M, int N, int K, float beta);
+/* The scratch later calls from outside OpenMP parallel regions use (a plan
+ * row, at least the largest mf_sgemm_scratch_bytes of those calls); NULL:
+ * each call allocates and frees its own. */
+void mf_sgemm_scratch(void *p, size_t bytes);
 
 /* Kernel instruction set. mf_kernels_isa_init picks it once: MEMFIT_ISA
  * = auto (default: avx512 where the CPU has AVX-512F/BW/VL/DQ, else

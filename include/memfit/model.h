@@ -131,7 +131,7 @@ typedef struct {
     int dlogits16;        /* 16-bit: (chunk_rows,Vp) rounded d(loss)/d(logits), else -1 */
     int upd32;            /* bf16 without master weights: fp32 scratch (optimizer phase) the update of one
                            * 16-bit tensor runs in before stochastic rounding back, else -1 */
-    int gemm_scratch;     /* 16-bit: the GEMM library's scratch (bytes below), else -1 */
+    int gemm_scratch;     /* the GEMM library's scratch (bytes below; fp32: only with the matmul backend), else -1 */
     size_t gemm_scratch_bytes;
     int comm;             /* dist: the ring collectives' scratch row (mf_zero_plan), else -1 */
     int comm_err;         /* ZeRO 3: a parameter gather failed (message in mf_error) */

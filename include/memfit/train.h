@@ -34,19 +34,22 @@ enum {
     MF_WARM_LAYER_DW = 2, /* block weight gradients (trained fp32 base) */
     MF_WARM_HEAD = 4,    /* output head forward and input gradient (fp32 head) */
     MF_WARM_HEAD_DW = 8, /* output head weight gradient (trained fp32 head) */
-    MF_WARM_ALL = 15
+    MF_WARM_ALL = 15,
+    MF_WARM_OPENBLAS = 16 /* large products call OpenBLAS directly (not only the attention tiles) */
 };
 /* The classes cfg's run warms: none under 16-bit precision (its GEMMs are
  * mf_gemm16's), only the head's forward and input gradient under LoRA on a
  * bf16/int8/nf4 base (quant.h's tile GEMMs call OpenBLAS; the head is
- * frozen), all of them otherwise. Warming shapes a run never calls would
- * put their packing buffers in its baseline for nothing (QLoRA-NF4 on
- * gpt2-124m B4 T256: 23 MiB). */
+ * frozen), all of them otherwise; MF_WARM_OPENBLAS for fp16, LoRA, or
+ * MEMFIT_GEMM=openblas. Warming shapes a run never calls would put their
+ * packing buffers in its baseline for nothing (QLoRA-NF4 on gpt2-124m B4
+ * T256: 23 MiB). */
 unsigned mf_blas_warm_shapes(const mf_config *cfg);
-/* Runs GEMMs shaped like the model's largest (its output head, or the MLP
- * when that is wider) over `rows` rows through OpenBLAS, then every shape
- * of the classes in `shapes` through mf_sgemm, so the libraries' packing
- * buffers exist before the baseline is read. */
+/* Runs GEMMs through OpenBLAS shaped like the model's largest (its output
+ * head, or the MLP when that is wider) over `rows` rows with
+ * MF_WARM_OPENBLAS, else like the attention tiles; then every shape of the
+ * classes in `shapes` through mf_sgemm, so the libraries' buffers and
+ * kernels exist before the baseline is read. */
 void mf_blas_warmup(const mf_dims *d, int rows, unsigned shapes);
 
 /* The tokenizer named by kind ("gpt2" or "bytes"); GPT-2 files come from

@@ -1,15 +1,12 @@
-/* bf16 GEMM through oneDNN's matmul primitive (see memfit/half.h).
- *
- * A primitive is described and created per call; oneDNN's own primitive
- * cache makes repeats cheap (microseconds against milliseconds of GEMM).
- * The scratchpad is user-managed, so every byte the GEMM touches beyond its
- * operands is a plan row. */
+/* oneDNN matmul (dnnl_mm.h), and the bf16 GEMM on it (see memfit/half.h). */
 #include "memfit/core.h"
 #include "memfit/half.h"
+#include "dnnl_mm.h"
 
-#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static dnnl_engine_t engine;
 static dnnl_stream_t stream;
@@ -25,35 +22,48 @@ static int setup(void) {
     return 0;
 }
 
-/* Builds the primitive descriptor for one call's shape; NULL with mf_error
- * set on failure. */
-static dnnl_primitive_desc_t describe(int M, int N, int K, int tA, int tB, int accumulate, int c_bf16, int bias) {
+static const char *tname(dnnl_data_type_t t) { return t == dnnl_bf16 ? "bf16" : "fp32"; }
+
+/* Builds the primitive descriptor for one call; NULL with mf_error set on
+ * failure. */
+static dnnl_primitive_desc_t describe(const mf_mm *s) {
     if (setup()) return NULL;
-    if (M <= 0 || N <= 0 || K <= 0) { mf_fail("bf16 GEMM: bad shape %dx%dx%d", M, N, K); return NULL; }
+    if (s->M <= 0 || s->N <= 0 || s->K <= 0) {
+        mf_fail("%s GEMM: bad shape %dx%dx%d", tname(s->ab), s->M, s->N, s->K);
+        return NULL;
+    }
     dnnl_memory_desc_t a, b, c, bi;
-    dnnl_dims_t da = {M, K}, db = {K, N}, dc = {M, N}, dbias = {1, N};
+    /* row-major with leading dimensions: op(A) (M,K) is A (M,K) with strides
+     * (lda, 1), or A^T of a (K,M) A with strides (1, lda); likewise B */
+    dnnl_dims_t da = {s->M, s->K}, db = {s->K, s->N}, dc = {s->M, s->N}, dbias = {1, s->N};
+    dnnl_dims_t sa = {s->ta ? 1 : s->lda, s->ta ? s->lda : 1}, sb = {s->tb ? 1 : s->ldb, s->tb ? s->ldb : 1};
+    dnnl_dims_t sc = {s->ldc, 1};
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t ops = NULL;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_matmul_desc_t md;
-    if (dnnl_memory_desc_init_by_tag(&a, 2, da, dnnl_bf16, tA ? dnnl_ba : dnnl_ab) ||
-        dnnl_memory_desc_init_by_tag(&b, 2, db, dnnl_bf16, tB ? dnnl_ba : dnnl_ab) ||
-        dnnl_memory_desc_init_by_tag(&c, 2, dc, c_bf16 ? dnnl_bf16 : dnnl_f32, dnnl_ab) ||
+    if (dnnl_memory_desc_init_by_strides(&a, 2, da, s->ab, sa) ||
+        dnnl_memory_desc_init_by_strides(&b, 2, db, s->ab, sb) ||
+        dnnl_memory_desc_init_by_strides(&c, 2, dc, s->c, sc) ||
         dnnl_memory_desc_init_by_tag(&bi, 2, dbias, dnnl_f32, dnnl_ab) ||
-        dnnl_matmul_desc_init(&md, &a, &b, bias ? &bi : NULL, &c) || dnnl_primitive_attr_create(&attr) ||
+        dnnl_matmul_desc_init(&md, &a, &b, s->bias ? &bi : NULL, &c) || dnnl_primitive_attr_create(&attr) ||
         dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user)) {
-        mf_fail("oneDNN: cannot describe a %dx%dx%d bf16 matmul", M, N, K);
+        mf_fail("oneDNN: cannot describe a %dx%dx%d %s matmul", s->M, s->N, s->K, tname(s->ab));
         goto out;
     }
-    if (accumulate) {
-        if (dnnl_post_ops_create(&ops) || dnnl_post_ops_append_sum(ops, 1.0f) ||
+    if (s->alpha != 1.0f && dnnl_primitive_attr_set_output_scales(attr, 1, 0, &s->alpha)) {
+        mf_fail("oneDNN: cannot scale a matmul by %g", s->alpha);
+        goto out;
+    }
+    if (s->beta != 0.0f) {
+        if (dnnl_post_ops_create(&ops) || dnnl_post_ops_append_sum(ops, s->beta) ||
             dnnl_primitive_attr_set_post_ops(attr, ops)) {
             mf_fail("oneDNN: cannot add the accumulate post-op");
             goto out;
         }
     }
     if (dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL) != dnnl_success) {
-        mf_fail("oneDNN: no bf16 matmul implementation for %dx%dx%d", M, N, K);
+        mf_fail("oneDNN: no %s matmul implementation for %dx%dx%d", tname(s->ab), s->M, s->N, s->K);
         pd = NULL;
     }
 out:
@@ -67,22 +77,17 @@ static size_t scratch_of(dnnl_primitive_desc_t pd) {
     return smd ? dnnl_memory_desc_get_size(smd) : 0;
 }
 
-size_t mf_gemm_bf16_scratch_bytes(int M, int N, int K, int tA, int tB, int accumulate, int c_bf16, int bias) {
-    dnnl_primitive_desc_t pd = describe(M, N, K, tA, tB, accumulate, c_bf16, bias);
+static size_t scratch_one(const mf_mm *s) {
+    dnnl_primitive_desc_t pd = describe(s);
     if (!pd) return SIZE_MAX;
     size_t n = scratch_of(pd);
     dnnl_primitive_desc_destroy(pd);
     return n;
 }
 
-int mf_gemm_bf16(void *C, const mf_bf16 *A, const mf_bf16 *B, const float *bias, int M, int N, int K,
-                 int tA, int tB, int accumulate, int c_bf16, void *scratch) {
-    return mf_gemm_bf16_sized(C, A, B, bias, M, N, K, tA, tB, accumulate, c_bf16, scratch, SIZE_MAX);
-}
-
-int mf_gemm_bf16_sized(void *C, const mf_bf16 *A, const mf_bf16 *B, const float *bias, int M, int N, int K,
-                       int tA, int tB, int accumulate, int c_bf16, void *scratch, size_t scratch_bytes) {
-    dnnl_primitive_desc_t pd = describe(M, N, K, tA, tB, accumulate, c_bf16, bias != NULL);
+static int run_one(const mf_mm *s, const void *A, const void *B, const float *bias, void *C, void *scratch,
+                   size_t scratch_bytes) {
+    dnnl_primitive_desc_t pd = describe(s);
     if (!pd) return -1;
     int rc = -1;
     dnnl_primitive_t prim = NULL;
@@ -91,7 +96,7 @@ int mf_gemm_bf16_sized(void *C, const mf_bf16 *A, const mf_bf16 *B, const float 
         dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0),
         dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0),
         dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0),
-        bias ? dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 1) : NULL,
+        s->bias ? dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 1) : NULL,
         dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0),
     };
     void *ptr[5] = {(void *)A, (void *)B, C, (void *)bias, scratch};
@@ -99,8 +104,11 @@ int mf_gemm_bf16_sized(void *C, const mf_bf16 *A, const mf_bf16 *B, const float 
     dnnl_exec_arg_t args[5];
     int nargs = 0;
     size_t need = scratch_of(pd);
-    if (need && !scratch) { mf_fail("bf16 GEMM: %zu bytes of scratch needed, none given", need); goto out; }
-    if (need > scratch_bytes) { mf_fail("bf16 GEMM: %zu bytes of scratch needed, %zu given", need, scratch_bytes); goto out; }
+    if (need && !scratch) { mf_fail("%s GEMM: %zu bytes of scratch needed, none given", tname(s->ab), need); goto out; }
+    if (need > scratch_bytes) {
+        mf_fail("%s GEMM: %zu bytes of scratch needed, %zu given", tname(s->ab), need, scratch_bytes);
+        goto out;
+    }
     for (int i = 0; i < 5; i++) {
         if (!ptr[i] || !mds[i] || (i == 4 && !need)) continue;
         if (dnnl_memory_create(&mem[i], mds[i], engine, ptr[i]) != dnnl_success) {
@@ -111,7 +119,7 @@ int mf_gemm_bf16_sized(void *C, const mf_bf16 *A, const mf_bf16 *B, const float 
     }
     if (dnnl_primitive_create(&prim, pd) != dnnl_success) { mf_fail("oneDNN: cannot create the matmul"); goto out; }
     if (dnnl_primitive_execute(prim, stream, nargs, args) != dnnl_success || dnnl_stream_wait(stream) != dnnl_success) {
-        mf_fail("oneDNN: the %dx%dx%d bf16 matmul failed", M, N, K);
+        mf_fail("oneDNN: the %dx%dx%d %s matmul failed", s->M, s->N, s->K, tname(s->ab));
         goto out;
     }
     rc = 0;
@@ -123,13 +131,106 @@ out:
     return rc;
 }
 
+/* oneDNN 2.6's matmul runs wide-N and long-K products well below its sgemm
+ * on this project's machine (bench/gemm_paths.c: 0.6-0.75x at N = 3072 and
+ * at K = 3072 or 50304) and at or above it for N, K <= 1024: a product goes
+ * as column blocks of at most `nt` and K-blocks of at most `kt` (near-equal
+ * sizes), each a matmul on strided views of the operands (no copies); the
+ * K-blocks after the first accumulate (beta 1) and the bias goes with the
+ * first. A bf16 result is not K-blocked (each block would round it again).
+ * MEMFIT_MM_NT / MEMFIT_MM_KT override the sizes (benches). */
+static int g_nt = 1024, g_kt = 1024;
+static pthread_once_t g_tiles = PTHREAD_ONCE_INIT;
+static void tiles_init(void) {
+    const char *e;
+    if ((e = getenv("MEMFIT_MM_NT")) && atoi(e) > 0) g_nt = atoi(e);
+    if ((e = getenv("MEMFIT_MM_KT")) && atoi(e) > 0) g_kt = atoi(e);
+}
+static int nblocks(int n, int t) { return (n + t - 1) / t; }
+static int ktile(const mf_mm *s) { return s->c == dnnl_bf16 ? s->K : g_kt; }
+/* block i's length when n is cut into nblocks(n, t) near-equal blocks */
+static int block_len(int n, int t, int i) {
+    int nb = nblocks(n, t), b = (n + nb - 1) / nb;
+    return i < nb - 1 ? b : n - b * (nb - 1);
+}
+static mf_mm tile_of(const mf_mm *s, int nb, int kb, int k) {
+    mf_mm t = *s;
+    t.N = nb, t.K = kb;
+    if (k) t.beta = 1.0f, t.bias = 0;
+    return t;
+}
+
+size_t mf_mm_scratch(const mf_mm *s) {
+    pthread_once(&g_tiles, tiles_init);
+    if (s->M <= 0 || s->N <= 0 || s->K <= 0) return scratch_one(s);
+    const int kt = ktile(s), nn = nblocks(s->N, g_nt), nk = nblocks(s->K, kt);
+    size_t mx = 0;
+    /* blocks differ only in the first and last lengths, and k > 0 */
+    for (int j = 0; j < (nn > 1 ? 2 : 1); j++)
+        for (int k = 0; k < (nk > 1 ? 2 : 1); k++)
+            for (int first = 0; first < (nk > 2 && k ? 2 : 1); first++) {
+                mf_mm t = tile_of(s, block_len(s->N, g_nt, j ? nn - 1 : 0),
+                                  block_len(s->K, kt, k ? (first ? 1 : nk - 1) : 0), k);
+                size_t n = scratch_one(&t);
+                if (n == SIZE_MAX) return SIZE_MAX;
+                if (n > mx) mx = n;
+            }
+    return mx;
+}
+
+int mf_mm_run(const mf_mm *s, const void *A, const void *B, const float *bias, void *C, void *scratch,
+              size_t scratch_bytes) {
+    pthread_once(&g_tiles, tiles_init);
+    if (s->M <= 0 || s->N <= 0 || s->K <= 0) return run_one(s, A, B, bias, C, scratch, scratch_bytes);
+    const size_t ea = s->ab == dnnl_bf16 ? 2 : 4, ec = s->c == dnnl_bf16 ? 2 : 4;
+    const int kt = ktile(s), nn = nblocks(s->N, g_nt), nk = nblocks(s->K, kt);
+    for (int j = 0, n0 = 0; j < nn; n0 += block_len(s->N, g_nt, j), j++)
+        for (int k = 0, k0 = 0; k < nk; k0 += block_len(s->K, kt, k), k++) {
+            mf_mm t = tile_of(s, block_len(s->N, g_nt, j), block_len(s->K, kt, k), k);
+            /* op(A)[:, k0..] and op(B)[k0.., n0..] of the row-major operands */
+            const char *a = (const char *)A + ea * (s->ta ? (size_t)k0 * s->lda : (size_t)k0);
+            const char *b = (const char *)B + ea * (s->tb ? (size_t)n0 * s->ldb + k0 : (size_t)k0 * s->ldb + n0);
+            if (run_one(&t, a, b, t.bias ? bias + n0 : NULL, (char *)C + ec * n0, scratch, scratch_bytes)) return -1;
+        }
+    return 0;
+}
+
+const char *mf_mm_impl(const mf_mm *s, char *buf, size_t n) {
+    dnnl_primitive_desc_t pd = describe(s);
+    if (!pd) return "";
+    const char *str = NULL;
+    buf[0] = 0;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &str) == dnnl_success && str)
+        snprintf(buf, n, "%s", str);
+    dnnl_primitive_desc_destroy(pd);
+    return buf;
+}
+
+/* ---- bf16 GEMM ---------------------------------------------------------- */
+
+static mf_mm bf16_call(int M, int N, int K, int tA, int tB, int accumulate, int c_bf16, int bias) {
+    return (mf_mm){M, N, K, tA, tB, tA ? M : K, tB ? K : N, N, dnnl_bf16, c_bf16 ? dnnl_bf16 : dnnl_f32,
+                   1.0f, accumulate ? 1.0f : 0.0f, bias};
+}
+
+size_t mf_gemm_bf16_scratch_bytes(int M, int N, int K, int tA, int tB, int accumulate, int c_bf16, int bias) {
+    mf_mm s = bf16_call(M, N, K, tA, tB, accumulate, c_bf16, bias);
+    return mf_mm_scratch(&s);
+}
+
+int mf_gemm_bf16(void *C, const mf_bf16 *A, const mf_bf16 *B, const float *bias, int M, int N, int K,
+                 int tA, int tB, int accumulate, int c_bf16, void *scratch) {
+    return mf_gemm_bf16_sized(C, A, B, bias, M, N, K, tA, tB, accumulate, c_bf16, scratch, SIZE_MAX);
+}
+
+int mf_gemm_bf16_sized(void *C, const mf_bf16 *A, const mf_bf16 *B, const float *bias, int M, int N, int K,
+                       int tA, int tB, int accumulate, int c_bf16, void *scratch, size_t scratch_bytes) {
+    mf_mm s = bf16_call(M, N, K, tA, tB, accumulate, c_bf16, bias != NULL);
+    return mf_mm_run(&s, A, B, bias, C, scratch, scratch_bytes);
+}
+
 const char *mf_gemm_bf16_impl(void) {
     static char name[64];
-    dnnl_primitive_desc_t pd = describe(256, 768, 768, 0, 0, 0, 0, 0);
-    if (!pd) return "";
-    const char *s = NULL;
-    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &s) == dnnl_success && s)
-        snprintf(name, sizeof name, "%s", s);
-    dnnl_primitive_desc_destroy(pd);
-    return name;
+    mf_mm s = bf16_call(256, 768, 768, 0, 0, 0, 0, 0);
+    return mf_mm_impl(&s, name, sizeof name);
 }

@@ -1,35 +1,55 @@
 /* fp32 GEMM entry point (see mf_sgemm in memfit/kernels.h).
  *
- * Two libraries are linked: OpenBLAS (OpenMP build) and oneDNN. On this
- * project's reference machine (2-core Zen 5, AVX-512) oneDNN's sgemm does
- * about 1.9x the flops per CPU-second of OpenBLAS 0.3.21's Cooperlake
- * kernels on every GEMM shape of a GPT-2 step (bench/gemm_paths.c,
- * docs/performance.md), so it is the default; MEMFIT_GEMM=openblas selects
- * OpenBLAS (for comparison, or where it is the faster one). Both are
- * row-major with transposes expressed as flags: no transposed copies. Both
+ * Two libraries are linked: OpenBLAS (OpenMP build) and oneDNN. Three
+ * backends, chosen by MEMFIT_GEMM:
+ *  - onednn (default): oneDNN's dnnl_sgemm, whose packing buffers are
+ *    malloc'd inside the library on each call; the warm-up before the
+ *    baseline (train.c) makes them runtime bytes the plan is checked with.
+ *  - matmul: oneDNN's matmul primitive (dnnl_mm.h) with a user-managed
+ *    scratchpad. During a step the model hands it a plan row
+ *    (mf_sgemm_scratch), so the library keeps no buffers of its own: every
+ *    byte is planned. Outside a step (tools, tests, calibration) a call's
+ *    scratch is allocated for the call and freed. Measured on a gpt2-124m
+ *    step: 7 MiB less peak RSS, 0.91x the tokens/s (bench/gemm_backend.sh).
+ *  - openblas: OpenBLAS's cblas_sgemm (its own preallocated buffers).
+ * docs/performance.md has the per-shape rates (bench/gemm_paths.c). All are
+ * row-major with transposes expressed as flags: no transposed copies. All
  * run on libgomp's thread pool (no second pool to oversubscribe the cores);
- * called inside an OpenMP parallel region, each runs single-threaded.
- * The attention tiles keep calling OpenBLAS directly (small tiles inside a
+ * called inside an OpenMP parallel region, each runs single-threaded. The
+ * attention tiles keep calling OpenBLAS directly (small tiles inside a
  * parallel region, see flash_attention.c). */
 #include "memfit/core.h"
 #include "memfit/kernels.h"
+#include "dnnl_mm.h"
 
 #include <cblas.h>
-#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int g_onednn = 1;
+enum { BK_MATMUL, BK_SGEMM, BK_OPENBLAS };
+static const char *const g_names[] = {"matmul", "onednn", "openblas"};
+static int g_backend = BK_SGEMM;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static char g_err[160];
+static void *g_scratch;
+static size_t g_scratch_bytes;
+
+static int parse(const char *e) {
+    if (!e || !*e || strcmp(e, "auto") == 0) return BK_SGEMM;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(e, g_names[i]) == 0) return i;
+    return -1;
+}
 
 static void pick(void) {
     const char *e = getenv("MEMFIT_GEMM");
-    if (!e || !*e || strcmp(e, "auto") == 0 || strcmp(e, "onednn") == 0) g_onednn = 1;
-    else if (strcmp(e, "openblas") == 0) g_onednn = 0;
-    else snprintf(g_err, sizeof g_err, "MEMFIT_GEMM='%.40s' is not auto, onednn or openblas", e);
+    int b = parse(e);
+    if (b < 0) snprintf(g_err, sizeof g_err, "MEMFIT_GEMM='%.40s' is not auto, onednn, matmul or openblas", e);
+    else g_backend = b;
 }
 
 int mf_sgemm_init(void) {
@@ -38,16 +58,58 @@ int mf_sgemm_init(void) {
     return 0;
 }
 
+int mf_sgemm_use(const char *name) {
+    int b = parse(name);
+    if (b < 0) return mf_fail("fp32 GEMM backend '%s' is not auto, onednn, matmul or openblas", name);
+    pthread_once(&g_once, pick);
+    g_err[0] = 0;
+    g_backend = b;
+    return 0;
+}
+
 const char *mf_sgemm_name(void) {
     if (mf_sgemm_init()) mf_panic("%s", g_err);
-    return g_onednn ? "onednn" : "openblas";
+    return g_names[g_backend];
+}
+
+static mf_mm call_of(int ta, int tb, int M, int N, int K, float alpha, int lda, int ldb, float beta, int ldc) {
+    return (mf_mm){M, N, K, ta, tb, lda, ldb, ldc, dnnl_f32, dnnl_f32, alpha, beta, 0};
+}
+
+size_t mf_sgemm_scratch_bytes(int ta, int tb, int M, int N, int K, float beta) {
+    if (mf_sgemm_init()) return SIZE_MAX;
+    if (g_backend != BK_MATMUL || M <= 0 || N <= 0 || K <= 0) return 0;
+    mf_mm s = call_of(ta, tb, M, N, K, 1.0f, ta ? M : K, tb ? K : N, beta, N);
+    return mf_mm_scratch(&s);
+}
+
+void mf_sgemm_scratch(void *p, size_t bytes) {
+    g_scratch = p;
+    g_scratch_bytes = p ? bytes : 0;
 }
 
 void mf_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
               float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
     if (mf_sgemm_init()) mf_panic("%s", g_err);
-    if (g_onednn) {
+    if (g_backend == BK_MATMUL && K > 0) {
+        /* the planned scratch belongs to the thread running the step; a
+         * call from elsewhere (or none planned) brings its own */
+        mf_mm s = call_of(ta, tb, M, N, K, alpha, lda, ldb, beta, ldc);
+        void *scr = omp_in_parallel() ? NULL : g_scratch, *own = NULL;
+        size_t n = scr ? g_scratch_bytes : 0;
+        if (!scr) {
+            n = mf_mm_scratch(&s);
+            if (n == SIZE_MAX) mf_panic("fp32 GEMM %dx%dx%d: %s", M, N, K, mf_error());
+            if (n && !(scr = own = malloc(n))) mf_panic("out of memory for %zu bytes of GEMM scratch", n);
+        }
+        if (mf_mm_run(&s, A, B, NULL, C, scr, n))
+            mf_panic("fp32 GEMM %dx%dx%d (%c%c) failed (a memfit bug if the plan sized its scratch): %s", M, N, K,
+                     ta ? 'T' : 'N', tb ? 'T' : 'N', mf_error());
+        free(own);
+        return;
+    }
+    if (g_backend != BK_OPENBLAS) {
         dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         if (st != dnnl_success) mf_panic("oneDNN sgemm %dx%dx%d (%c%c) failed: status %d", M, N, K, ta ? 'T' : 'N',
                                          tb ? 'T' : 'N', (int)st);

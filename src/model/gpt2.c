@@ -274,14 +274,23 @@ static int gemm_shapes(int C, int Vp, int N, int R, int train, gemm_shape_fn fn,
 typedef struct { mf_dtype dt; size_t mx; } scratch_ctx;
 static int scratch_max(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias) {
     scratch_ctx *c = ctx;
-    size_t s = mf_gemm16_scratch_bytes(c->dt, M, N, K, tA, tB, acc, bias);
+    size_t s;
+    if (c->dt == MF_DTYPE_F32) {
+        /* fp32: forward GEMMs run with beta 0 (fused kernels) or 1 (bias
+         * put in first, or a residual accumulated) */
+        s = mf_sgemm_scratch_bytes(tA, tB, M, N, K, acc || bias ? 1.0f : 0.0f);
+        size_t s0 = bias && !acc && s != SIZE_MAX ? mf_sgemm_scratch_bytes(tA, tB, M, N, K, 0.0f) : 0;
+        if (s0 == SIZE_MAX || s0 > s) s = s0;
+    } else
+        s = mf_gemm16_scratch_bytes(c->dt, M, N, K, tA, tB, acc, bias);
     if (s == SIZE_MAX) { c->mx = SIZE_MAX; return -1; }
     if (s > c->mx) c->mx = s;
     return 0;
 }
 
-/* Scratch bytes of the largest 16-bit GEMM the model makes; SIZE_MAX with
- * mf_error set if the library cannot run one. */
+/* Scratch bytes of the largest GEMM the model makes (fp32: through
+ * mf_sgemm's matmul backend, 0 for the others); SIZE_MAX with mf_error set
+ * if the library cannot run one. */
 static size_t gemm_scratch_need(const mf_model *m, int N) {
     scratch_ctx c = {m->cdt, 0};
     gemm_shapes(m->d.C, m->d.Vp, N, m->chunk_rows, m->mode == MF_MODE_TRAIN, scratch_max, &c);
@@ -562,8 +571,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         }
     }
     if (m->cdt != MF_DTYPE_F32 && !ad.err) {
-        /* 16-bit: rounded GEMM operands that are not kept, and the GEMM
-         * library's scratch for the largest call (docs/precision.md) */
+        /* 16-bit: rounded GEMM operands that are not kept */
         int g0 = mf_phase_layer_fwd(m, 0), g1 = train ? mf_phase_layer_bwd(m, 0) : hf;
         m->in16 = add(&ad, "work.gemm_in16", MF_CAT_WORK, m->cdt, 2, N, C, 0, 0, g0, g1, -1);
         if (train) {
@@ -580,11 +588,17 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             int po = mf_phase_optim(m);
             m->upd32 = add(&ad, "work.update_f32", MF_CAT_WORK, MF_DTYPE_F32, 1, mx, 0, 0, 0, po, po, -1);
         }
+    }
+    if (!ad.err) {
+        /* the GEMM library's scratch for the largest call (fp32: none
+         * unless the backend is oneDNN's matmul; 16-bit: docs/precision.md) */
+        int g0 = mf_phase_layer_fwd(m, 0), g1 = train ? mf_phase_layer_bwd(m, 0) : hf;
         size_t gs = gemm_scratch_need(m, (int)N);
         if (gs == SIZE_MAX) { mf_model_free(m); return -1; }
         m->gemm_scratch_bytes = gs;
-        m->gemm_scratch = add(&ad, "work.gemm_scratch", MF_CAT_WORK, MF_DTYPE_U8, 1, (int64_t)(gs ? gs : 1), 0, 0, 0,
-                              g0, g1, -1);
+        if (gs || m->cdt != MF_DTYPE_F32)
+            m->gemm_scratch = add(&ad, "work.gemm_scratch", MF_CAT_WORK, MF_DTYPE_U8, 1, (int64_t)(gs ? gs : 1), 0, 0,
+                                  0, g0, g1, -1);
     }
     if (ad.err) { mf_model_free(m); return -1; }
     return 0;
@@ -789,6 +803,14 @@ static float *gelu_out(mf_model *m, mf_arena *a, const mf_layer_acts *A) {
  * activations into the rows backward reads (it stays in that phase);
  * write_out == 0 leaves the layer's output unwritten when that buffer is no
  * longer alive */
+/* fp32: hands the planned GEMM scratch to mf_sgemm for the phase that
+ * starts (the row's lifetime spans the layers and the head); NULL after the
+ * step, so no later call writes into a row that is gone */
+static void sgemm_scratch(const mf_model *m, mf_arena *a) {
+    if (m->cdt == MF_DTYPE_F32) mf_sgemm_scratch(m->gemm_scratch >= 0 ? mf_arena_get(a, m->gemm_scratch) : NULL,
+                                                 m->gemm_scratch_bytes);
+}
+
 static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute, int write_out) {
     int C = m->d.C, NH = m->d.NH, N = B * T;
     const mf_layer_acts *A = recompute ? &m->racts[l] : &m->acts[l];
@@ -798,6 +820,7 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
         params_need(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
         params_prefetch(m, a, l + 1);
     }
+    sgemm_scratch(m, a);
     float *x = BUF(res[l]);
     float *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *lse = BUF(A->lse), *atty = BUF(A->atty);
     float *ln2 = BUF(A->ln2), *fch = BUF(A->fch), *fchg = gelu_out(m, a, A);
@@ -883,6 +906,7 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     uint16_t *lnf16 = (uint16_t *)lnf;
     void *gs = h16 ? mf_arena_get(a, m->gemm_scratch) : NULL;
     size_t gb = m->gemm_scratch_bytes;
+    sgemm_scratch(m, a);
     if (h16) mf_layernorm_forward16(lnf, dt, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
                                     tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
     else mf_layernorm_forward(lnf, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
@@ -901,6 +925,7 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
                 if (h16) mf_classifier16_forward(dt, logits + (size_t)b * Vp, lnf16 + row * C, wte, 1, C, Vp, gs, gb);
                 else mf_classifier_forward(logits + (size_t)b * Vp, lnf + row * C, wte, 1, C, Vp);
             }
+        mf_sgemm_scratch(NULL, 0);
         return 0.0;
     }
     if (dscale != 0.0f && m->mode != MF_MODE_TRAIN) mf_panic("training forward on a forward-only plan");
@@ -925,6 +950,7 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
         if (dln) mf_classifier_backward(dln + (size_t)r0 * C, dwte, logits, x, wte, rows, C, Vp);
     }
     m->logits_all = 0;
+    mf_sgemm_scratch(NULL, 0);
     return sum / N;
 }
 
@@ -946,6 +972,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
         params_need(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
         params_prefetch(m, a, l - 1);
         grads_start(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
+        sgemm_scratch(m, a);
         int sg = m->seg, s0 = sg ? l / sg * sg : 0;
         if (sg && l == (s0 + sg - 1 < L - 1 ? s0 + sg - 1 : L - 1)) {
             /* top block of a segment: rebuild the segment from its kept
@@ -1013,6 +1040,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
                               BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
         grads_done(m, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
     }
+    mf_sgemm_scratch(NULL, 0);
     mf_arena_phase(a, mf_phase_emb_bwd(m));
     grads_start(m, a, WPE, 1);
     if (!m->tensors[WTE].frozen)

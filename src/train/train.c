@@ -29,35 +29,49 @@ int mf_threads_setup(int threads) {
     int n = threads > 0 ? threads : omp_get_num_procs();
     omp_set_num_threads(n);
     openblas_set_num_threads(n);
+    /* start the thread pool now, before any large mapping: under an
+     * address-space limit, a run too big for it then fails where the arena
+     * is mapped, with the plan in the message, not in libgomp */
+    int started = 0;
+#pragma omp parallel reduction(+ : started)
+    started += 1;
+    (void)started;
     return n;
 }
 
-/* oneDNN's sgemm (mf_sgemm's default) mallocs packing buffers on each call,
- * sized by the call's shape, and frees them after. Running every GEMM shape
- * of a step once, at its real size, with glibc's thresholds fixed (so freed
+/* The GEMM libraries keep memory the plan does not list: JIT-generated
+ * kernels (oneDNN), per-thread packing buffers (OpenBLAS; oneDNN's sgemm
+ * backend), mallocs freed after each call. Running every GEMM shape of a
+ * step once, at its real size, with glibc's thresholds fixed (so freed
  * chunks stay in the heap instead of being unmapped or trimmed), puts those
  * pages in the baseline the plan is checked against; the step then reuses
- * them. The operands are mapped directly, so they do go back. */
+ * them. The operands and the matmul backend's scratch (a plan row during
+ * the step) are mapped directly here, so they do go back. */
 static void sgemm_warmup(const mf_dims *d, int rows, unsigned shapes) {
     const int C = d->C, Vp = d->Vp, hr = rows < 256 ? rows : 256;
-    const int sh[][5] = {/* M, N, K, ta, tb */
-        {rows, 3 * C, C, 0, 0}, {rows, C, C, 0, 0}, {rows, 4 * C, C, 0, 0}, {rows, C, 4 * C, 0, 0},
-        {C, 3 * C, rows, 1, 0}, {C, C, rows, 1, 0}, {C, 4 * C, rows, 1, 0}, {4 * C, C, rows, 1, 0},
-        {rows, C, 3 * C, 0, 1}, {rows, C, C, 0, 1}, {rows, C, 4 * C, 0, 1}, {rows, 4 * C, C, 0, 1},
-        {hr, Vp, C, 0, 1}, {hr, C, Vp, 0, 0}, {Vp, C, hr, 1, 0}};
+    const int sh[][6] = {/* M, N, K, ta, tb, beta (-1: both 0 and 1, as the forward uses) */
+        {rows, 3 * C, C, 0, 0, -1}, {rows, C, C, 0, 0, -1}, {rows, 4 * C, C, 0, 0, -1}, {rows, C, 4 * C, 0, 0, -1},
+        {C, 3 * C, rows, 1, 0, 1}, {C, C, rows, 1, 0, 1}, {C, 4 * C, rows, 1, 0, 1}, {4 * C, C, rows, 1, 0, 1},
+        {rows, C, 3 * C, 0, 1, 0}, {rows, C, C, 0, 1, 0}, {rows, C, 4 * C, 0, 1, 0}, {rows, 4 * C, C, 0, 1, 0},
+        {hr, Vp, C, 0, 1, 0}, {hr, C, Vp, 0, 0, 0}, {Vp, C, hr, 1, 0, 1}};
     const unsigned cls[] = {MF_WARM_LAYER, MF_WARM_LAYER, MF_WARM_LAYER, MF_WARM_LAYER,
                             MF_WARM_LAYER_DW, MF_WARM_LAYER_DW, MF_WARM_LAYER_DW, MF_WARM_LAYER_DW,
                             MF_WARM_LAYER, MF_WARM_LAYER, MF_WARM_LAYER, MF_WARM_LAYER,
                             MF_WARM_HEAD, MF_WARM_HEAD, MF_WARM_HEAD_DW};
     const int ns = (int)(sizeof sh / sizeof sh[0]);
     _Static_assert(sizeof cls / sizeof cls[0] == sizeof sh / sizeof sh[0], "one class per shape");
-    size_t na = 0, nb = 0;
+    size_t na = 0, nb = 0, ns_ = 0;
     for (int i = 0; i < ns; i++) {
-        if (!(cls[i] & shapes)) continue;
+        if (!(cls[i] & shapes) || rows < 1) continue;
         size_t mk = (size_t)sh[i][0] * sh[i][2], kn = (size_t)sh[i][2] * sh[i][1], mn = (size_t)sh[i][0] * sh[i][1];
         if (mk > na) na = mk;
         if (kn > nb) nb = kn;
         if (mn > nb) nb = mn; /* C shares B's mapping: the values do not matter */
+        for (int beta = 0; beta < 2; beta++) {
+            if (sh[i][5] >= 0 && sh[i][5] != beta) continue;
+            size_t sc = mf_sgemm_scratch_bytes(sh[i][3], sh[i][4], sh[i][0], sh[i][1], sh[i][2], (float)beta);
+            if (sc != SIZE_MAX && sc > ns_) ns_ = sc;
+        }
     }
     mallopt(M_MMAP_THRESHOLD, 64 << 20);
     mallopt(M_TRIM_THRESHOLD, 128 << 20);
@@ -65,25 +79,36 @@ static void sgemm_warmup(const mf_dims *d, int rows, unsigned shapes) {
     na *= sizeof(float), nb *= sizeof(float);
     float *a = mmap(NULL, na, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     float *b = mmap(NULL, nb, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (a != MAP_FAILED && b != MAP_FAILED)
+    void *scr = ns_ ? mmap(NULL, ns_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : NULL;
+    if (a != MAP_FAILED && b != MAP_FAILED && scr != MAP_FAILED) {
+        mf_sgemm_scratch(scr, ns_);
         for (int i = 0; i < ns; i++) {
             if (!(cls[i] & shapes)) continue;
             const int M = sh[i][0], N = sh[i][1], K = sh[i][2], ta = sh[i][3], tb = sh[i][4];
-            mf_sgemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, 0.0f, b, N);
+            for (int beta = 0; beta < 2; beta++)
+                if (sh[i][5] < 0 || sh[i][5] == beta)
+                    mf_sgemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, (float)beta, b, N);
         }
+        mf_sgemm_scratch(NULL, 0);
+    }
     if (a != MAP_FAILED) munmap(a, na);
     if (b != MAP_FAILED) munmap(b, nb);
+    if (scr && scr != MAP_FAILED) munmap(scr, ns_);
 }
 
 unsigned mf_blas_warm_shapes(const mf_config *cfg) {
-    if (strcmp(cfg->precision, "fp32") != 0) return 0;
+    /* big products through OpenBLAS directly: fp16 GEMMs, LoRA's adapters,
+     * a quantised base's tiles, or OpenBLAS as the fp32 backend */
+    unsigned ob = strcmp(cfg->precision, "fp16") == 0 || cfg->lora[0] || strcmp(mf_sgemm_name(), "openblas") == 0
+                      ? MF_WARM_OPENBLAS : 0;
+    if (strcmp(cfg->precision, "fp32") != 0) return ob;
     /* LoRA on an fp32 base skips the weight-gradient GEMMs, but warming
      * them anyway measured closer (gpt2-124m B4 T256 r=8, recompute full:
      * peak 0.08% over the prediction with them, 1.55% without): their
      * packing buffers are the largest, and the freed chunks they leave are
      * what the step's other calls reuse */
-    if (!cfg->lora[0] || strcmp(cfg->base_dtype, "fp32") == 0) return MF_WARM_ALL;
-    return MF_WARM_HEAD;
+    if (!cfg->lora[0] || strcmp(cfg->base_dtype, "fp32") == 0) return ob | MF_WARM_ALL;
+    return ob | MF_WARM_HEAD;
 }
 
 void mf_blas_warmup(const mf_dims *d, int rows, unsigned shapes) {
@@ -91,14 +116,12 @@ void mf_blas_warmup(const mf_dims *d, int rows, unsigned shapes) {
     /* OpenBLAS maps a packing buffer per calling thread lazily and touches
      * as much of it as the largest blocking it has used. Kernels call GEMM
      * both from the main thread and from inside OpenMP regions (one GEMM
-     * per attention head), so GEMMs at least as large as the blocks, in each
-     * transpose form and in both settings, bring every buffer to its
-     * working size before the baseline is read. The matrices are freed
-     * (returned to the system) before the arena exists. */
-    /* sized like the model's largest GEMM (its output head), capped where
-     * the library's blocking stops growing; b doubles as c, as the values
-     * do not matter, to keep the transient small */
+     * per attention tile), so GEMMs at least as large as the blocks bring
+     * every buffer to its working size before the baseline is read. When
+     * only the attention tiles call OpenBLAS, tiles of their size do. */
+    int big = (shapes & MF_WARM_OPENBLAS) != 0;
     int M = rows < 256 ? rows : 256, K = inner < 256 ? inner : 256, N = cols < 65536 ? cols : 65536;
+    if (!big) M = M < 64 ? M : 64, K = K < 64 ? K : 64, N = N < 64 ? N : 64;
     if (M < 1 || K < 1 || N < 1) return;
     float *a = calloc((size_t)M * K, sizeof *a), *b = calloc((size_t)(K > M ? K : M) * N, sizeof *b), *c = b;
     if (a && b) {
