@@ -134,8 +134,8 @@ static void cross(const mf_kernel_isa *k0, const mf_kernel_isa *k1) {
     int32_t tg[N];
     for (int i = 0; i < N; i++) tg[i] = (int32_t)(mf_rng_u32(&rng) % V);
     float ls0[N], ls1[N];
-    double t0 = k0->crossentropy_forward(l0, ls0, tg, N, V, VP, 0.5f);
-    double t1 = k1->crossentropy_forward(l1, ls1, tg, N, V, VP, 0.5f);
+    double t0 = k0->crossentropy_forward(l0, NULL, ls0, tg, N, V, VP, 0.5f);
+    double t1 = k1->crossentropy_forward(l1, NULL, ls1, tg, N, V, VP, 0.5f);
     e = maxrel(l0, l1, (size_t)N * VP, 1e-6);
     CHECK(fabs(t0 - t1) <= 1e-6 * fabs(t0) && maxrel(ls0, ls1, N, 1e-6) <= 1e-6 && e <= 1e-6,
           "crossentropy %s vs %s: loss %.9g vs %.9g, grad max rel %.3g", a, b, t0, t1, e);
@@ -152,8 +152,8 @@ static void cross(const mf_kernel_isa *k0, const mf_kernel_isa *k1) {
     for (int i = 0; i < NE; i++) V0[i] = 0.01f * fabsf(mf_rng_normal(&rng));
     float *P1 = fcopy(P0, NE), *M1 = fcopy(M0, NE), *V1 = fcopy(V0, NE);
     for (int t = 0; t < 3; t++) { /* a few steps so the state feeds back */
-        k0->adamw(P0, G, M0, V0, NE, 0.9f, 0.95f, 0.1f, 0.05f, 1e-3f, 0.3f, 1e-8f, 0.9999f, 0.7f);
-        k1->adamw(P1, G, M1, V1, NE, 0.9f, 0.95f, 0.1f, 0.05f, 1e-3f, 0.3f, 1e-8f, 0.9999f, 0.7f);
+        k0->adamw(P0, NULL, G, M0, V0, NE, 0.9f, 0.95f, 0.1f, 0.05f, 1e-3f, 0.3f, 1e-8f, 0.9999f, 0.7f);
+        k1->adamw(P1, NULL, G, M1, V1, NE, 0.9f, 0.95f, 0.1f, 0.05f, 1e-3f, 0.3f, 1e-8f, 0.9999f, 0.7f);
     }
     CHECK(same_bits(P0, P1, NE) && same_bits(M0, M1, NE) && same_bits(V0, V1, NE), "adamw %s vs %s: p max rel %.3g",
           a, b, maxrel(P0, P1, NE, 1e-6));
@@ -190,6 +190,29 @@ static void bf16_outputs(const mf_kernel_isa *k) {
     k->layernorm_forward_bf16(h1, m1, r1, y, w, b, N, C);
     CHECK(memcmp(h0, h1, (size_t)N * C * 2) == 0 && same_bits(m0, m1, N) && same_bits(r0, r1, N),
           "%s: layernorm_forward_bf16 != bf16(layernorm_forward)", k->name);
+    /* AdamW writing the bf16 copy: the same fp32 update, and p16 is exactly
+     * to_bf16 of the new weights */
+    float *P0 = fnormal(n, 1), *G = fnormal(n, 1), *M0 = fnormal(n, 0.1f), *V0 = falloc(n);
+    for (size_t i = 0; i < n; i++) V0[i] = 0.01f * fabsf(mf_rng_normal(&rng));
+    float *P1 = fcopy(P0, n), *M1 = fcopy(M0, n), *V1 = fcopy(V0, n);
+    k->adamw(P0, NULL, G, M0, V0, n, 0.9f, 0.95f, 0.1f, 0.05f, 1e-3f, 0.3f, 1e-8f, 0.9999f, 0.7f);
+    k->adamw(P1, h1, G, M1, V1, n, 0.9f, 0.95f, 0.1f, 0.05f, 1e-3f, 0.3f, 1e-8f, 0.9999f, 0.7f);
+    k->to_bf16(h0, P0, n);
+    CHECK(same_bits(P0, P1, n) && same_bits(M0, M1, n) && same_bits(V0, V1, n) && memcmp(h0, h1, n * 2) == 0,
+          "%s: adamw with a bf16 copy != adamw then to_bf16", k->name);
+    free(P0), free(P1), free(G), free(M0), free(M1), free(V0), free(V1);
+    /* cross-entropy writing a bf16 gradient: the same losses, and the
+     * gradient is to_bf16 of the fp32 one (padding columns 0) */
+    float *lg = fnormal((size_t)N * VP, 4), *lf = fcopy(lg, (size_t)N * VP), ls0[N], ls1[N];
+    uint16_t *d16 = malloc((size_t)N * VP * 2), *r16 = malloc((size_t)N * VP * 2);
+    int32_t tg[N];
+    for (int i = 0; i < N; i++) tg[i] = (int32_t)(mf_rng_u32(&rng) % V);
+    double t0 = k->crossentropy_forward(lf, NULL, ls0, tg, N, V, VP, 0.25f);
+    double t1 = k->crossentropy_forward(lg, d16, ls1, tg, N, V, VP, 0.25f);
+    k->to_bf16(r16, lf, (size_t)N * VP);
+    CHECK(t0 == t1 && same_bits(ls0, ls1, N) && memcmp(d16, r16, (size_t)N * VP * 2) == 0,
+          "%s: crossentropy with a bf16 gradient != crossentropy then to_bf16", k->name);
+    free(lg), free(lf), free(d16), free(r16);
     free(x), free(h0), free(h1), free(g), free(y), free(w), free(b), free(o);
 }
 

@@ -91,6 +91,10 @@ void mf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n
 double mf_crossentropy_forward(float *logits, float *losses,
                                const int32_t *targets, int N, int V, int Vp,
                                float dscale);
+/* The same with the gradient (dscale != 0) written to dl16 (N,Vp) as bf16,
+ * rounded from the same fp32 values, instead of over logits. */
+double mf_crossentropy_forward_bf16(float *logits, uint16_t *dl16, float *losses, const int32_t *targets, int N, int V,
+                                    int Vp, float dscale);
 
 /* Tied output head. logits (N,Vp) = x (N,C) @ wte^T, wte (Vp,C).
  * Backward: dx (N,C) overwritten; dwte accumulates (NULL: frozen). */
@@ -176,7 +180,8 @@ void mf_matmul16_forward(mf_dtype dt, float *out, const void *inp, const void *w
 void mf_matmul16_backward(mf_dtype dt, float *dinp, float *dw, float *dbias, const float *dout, void *dout16,
                           const void *inp, const void *w, int N, int C, int OC, void *scratch, size_t scratch_bytes);
 /* As mf_classifier_forward / _backward with 16-bit x and wte; backward
- * rounds dlogits into dlogits16 (N*Vp 16-bit). */
+ * rounds dlogits into dlogits16 (N*Vp 16-bit), or with dlogits NULL takes
+ * dlogits16 as already rounded (mf_crossentropy_forward_bf16). */
 void mf_classifier16_forward(mf_dtype dt, float *logits, const void *x, const void *wte, int N, int C, int Vp,
                              void *scratch, size_t scratch_bytes);
 void mf_classifier16_backward(mf_dtype dt, float *dx, float *dwte, const float *dlogits, void *dlogits16,

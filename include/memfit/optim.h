@@ -23,6 +23,10 @@ extern "C" {
 void mf_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
                      float lr, float beta1, float beta2, float eps, float wd,
                      int t, float gscale);
+/* The same, also writing the new p rounded to bf16 (nearest-even) into p16
+ * when it is not NULL: bf16 compute weights from fp32 masters in one pass. */
+void mf_adamw_update16(float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n,
+                       float lr, float beta1, float beta2, float eps, float wd, int t, float gscale);
 
 /* Linear warm-up over cfg->warmup steps, then cosine decay to
  * lr * min_lr_frac at cfg->steps. step is 0-based. */
@@ -192,6 +196,11 @@ void mf_optim_update_range(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES
  * learning rate lr and weight decay wd. */
 void mf_optim_update(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, const float *g,
                      const mf_optim_shape *s, float lr, float wd, int t, float gscale);
+/* The same for a whole tensor with a bf16 compute copy p16: returns 1 when
+ * the optimizer also wrote p rounded to bf16 into p16 (fp32-state AdamW),
+ * 0 when the caller still has to (the other optimizers). */
+int mf_optim_update_bf16(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, uint16_t *p16,
+                         const float *g, const mf_optim_shape *s, float lr, float wd, int t, float gscale);
 
 /* Dynamic loss scaling for fp16 training, with the semantics of PyTorch's
  * torch.cuda.amp.GradScaler: the loss is multiplied by scale before

@@ -111,7 +111,12 @@ void mf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n
 double mf_crossentropy_forward(float *logits, float *losses,
                                const int32_t *targets, int N, int V, int Vp,
                                float dscale) {
-    return K->crossentropy_forward(logits, losses, targets, N, V, Vp, dscale);
+    return K->crossentropy_forward(logits, NULL, losses, targets, N, V, Vp, dscale);
+}
+
+double mf_crossentropy_forward_bf16(float *logits, uint16_t *dl16, float *losses, const int32_t *targets, int N, int V,
+                                    int Vp, float dscale) {
+    return K->crossentropy_forward(logits, dscale != 0.0f ? dl16 : NULL, losses, targets, N, V, Vp, dscale);
 }
 
 double mf_sumsq(const float *x, size_t n) { return K->sumsq(x, n); }

@@ -46,12 +46,15 @@ typedef struct {
     /* x += res + bias, then out = layernorm(x) with mean/rstd, row by row */
     void (*residual_layernorm_forward)(float *x, float *out, float *mean, float *rstd, const float *res,
                                        const float *bias, const float *w, const float *b, int N, int C);
-    double (*crossentropy_forward)(float *logits, float *losses, const int32_t *targets, int N, int V,
-                                   int Vp, float dscale);
+    /* dl16 NULL: the gradient overwrites logits; else it goes to dl16 as
+     * bf16 (nearest-even) and logits keep the exponentials */
+    double (*crossentropy_forward)(float *logits, uint16_t *dl16, float *losses, const int32_t *targets, int N,
+                                   int V, int Vp, float dscale);
     double (*sumsq)(const float *x, size_t n);
     void (*scale)(float *x, float s, size_t n);
-    /* AdamW with coefficients precomputed by mf_adamw_update */
-    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float beta1, float beta2,
+    /* AdamW with coefficients precomputed by mf_adamw_update; p16 (or
+     * NULL) gets the new weights rounded to bf16 in the same pass */
+    void (*adamw)(float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float beta1, float beta2,
                   float omb1, float omb2, float step_size, float bc2_sqrt, float eps, float decay, float gscale);
     /* bf16 outputs (nearest-even) of the fp32 formulas: a conversion, the
      * layernorm forward (statistics as layernorm_stats) and GELU */

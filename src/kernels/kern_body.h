@@ -283,7 +283,7 @@ static void MF_ISA(gelu_backward)(float *dinp, const float *inp, const float *do
  * max is an OpenMP max reduction (a ternary would not vectorise under
  * -ftrapping-math); like the ternary it ignores NaNs, which then reach the
  * loss through the exponentials. */
-static double MF_ISA(crossentropy_forward)(float *logits, float *losses,
+static double MF_ISA(crossentropy_forward)(float *logits, uint16_t *dl16, float *losses,
                                            const int32_t *targets, int N, int V, int Vp,
                                            float dscale) {
 #pragma omp parallel for schedule(static) if ((size_t)N * V >= MF_PAR_MIN)
@@ -305,10 +305,20 @@ static double MF_ISA(crossentropy_forward)(float *logits, float *losses,
                 s += (double)e;
             }
             const float k = (float)(1.0 / s) * dscale;
+            if (dl16) {
+                /* the gradient rounded straight to bf16: no fp32 copy is
+                 * written and read back for a separate conversion pass */
+                uint16_t *d = dl16 + (size_t)n * Vp;
 #pragma omp simd
-            for (int j = 0; j < V; j++) z[j] *= k;
-            z[t] -= dscale;
-            for (int j = V; j < Vp; j++) z[j] = 0.0f;
+                for (int j = 0; j < V; j++) d[j] = mf_f32_to_bf16(z[j] * k);
+                d[t] = mf_f32_to_bf16(z[t] * k - dscale);
+                for (int j = V; j < Vp; j++) d[j] = 0;
+            } else {
+#pragma omp simd
+                for (int j = 0; j < V; j++) z[j] *= k;
+                z[t] -= dscale;
+                for (int j = V; j < Vp; j++) z[j] = 0.0f;
+            }
         } else {
 #pragma omp simd reduction(+ : s)
             for (int j = 0; j < V; j++) s += (double)mf_vexpf(z[j] - mx);
@@ -358,21 +368,36 @@ static void MF_ISA(scale)(float *x, float s, size_t n) {
  * folded in as gscale, the weight decay as `decay`. The file is compiled
  * with -fno-math-errno, so sqrtf is an instruction and the loop vectorises
  * (with errno semantics gcc keeps a scalar call for negative inputs). */
-static void MF_ISA(adamw)(float *p, const float *g, float *m, float *v, size_t n, float beta1,
+#define MF_ADAMW_ELEMENT(i)                                  \
+    float gi = g[i] * gscale;                                \
+    float pi = p[i] * decay;                                 \
+    float mi = m[i] * beta1 + omb1 * gi;                     \
+    float vi = v[i] * beta2 + omb2 * (gi * gi);              \
+    float denom = sqrtf(vi) / bc2_sqrt + eps;                \
+    float pn = pi - step_size * (mi / denom);                \
+    p[i] = pn;                                               \
+    m[i] = mi;                                               \
+    v[i] = vi
+/* With p16 (bf16 compute weights from fp32 masters): the new weight is
+ * also rounded into p16 while it is in a register, instead of a second pass
+ * that reads p again (mf_model_sync_params). */
+static void MF_ISA(adamw)(float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float beta1,
                           float beta2, float omb1, float omb2, float step_size, float bc2_sqrt,
                           float eps, float decay, float gscale) {
+    if (p16) {
+#pragma omp parallel for simd schedule(static) if (n >= MF_PAR_MIN)
+        for (size_t i = 0; i < n; i++) {
+            MF_ADAMW_ELEMENT(i);
+            p16[i] = mf_f32_to_bf16(pn);
+        }
+        return;
+    }
 #pragma omp parallel for simd schedule(static) if (n >= MF_PAR_MIN)
     for (size_t i = 0; i < n; i++) {
-        float gi = g[i] * gscale;
-        float pi = p[i] * decay;
-        float mi = m[i] * beta1 + omb1 * gi;
-        float vi = v[i] * beta2 + omb2 * (gi * gi);
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p[i] = pi - step_size * (mi / denom);
-        m[i] = mi;
-        v[i] = vi;
+        MF_ADAMW_ELEMENT(i);
     }
 }
+#undef MF_ADAMW_ELEMENT
 
 /* ---- bf16 outputs (mixed precision; mixed.c calls these for bf16) ----
  * The fp32 formulas above, rounded to bf16 (nearest-even, mf_f32_to_bf16)

@@ -186,7 +186,7 @@ void mf_classifier16_forward(mf_dtype dt, float *logits, const void *x, const vo
 void mf_classifier16_backward(mf_dtype dt, float *dx, float *dwte, const float *dlogits, void *dlogits16,
                               const void *x, const void *wte, int N, int C, int Vp, void *scratch,
                               size_t scratch_bytes) {
-    mf_half_from_f32(dt, dlogits16, dlogits, (size_t)N * Vp);
+    if (dlogits) mf_half_from_f32(dt, dlogits16, dlogits, (size_t)N * Vp);
     mf_gemm16(dt, dx, dlogits16, wte, NULL, N, C, Vp, 0, 0, 0, scratch, scratch_bytes);
     mf_gemm16(dt, dwte, dlogits16, x, NULL, Vp, C, N, 1, 0, 1, scratch, scratch_bytes);
 }

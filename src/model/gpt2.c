@@ -940,6 +940,12 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
             /* logits and the loss in fp32; the rounded d(logits) feeds both GEMMs */
             const uint16_t *x = lnf16 + (size_t)r0 * C;
             mf_classifier16_forward(dt, logits, x, wte, rows, C, Vp, gs, gb);
+            if (dt == MF_DTYPE_BF16 && dln) {
+                /* bf16: the loss kernel writes the rounded gradient itself */
+                sum += mf_crossentropy_forward_bf16(logits, dl16, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
+                mf_classifier16_backward(dt, dln + (size_t)r0 * C, dwte, NULL, dl16, x, wte, rows, C, Vp, gs, gb);
+                continue;
+            }
             sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
             if (dln) mf_classifier16_backward(dt, dln + (size_t)r0 * C, dwte, logits, dl16, x, wte, rows, C, Vp, gs, gb);
             continue;

@@ -9,6 +9,11 @@
 void mf_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
                      float lr, float beta1, float beta2, float eps, float wd,
                      int t, float gscale) {
+    mf_adamw_update16(p, NULL, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale);
+}
+
+void mf_adamw_update16(float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n,
+                       float lr, float beta1, float beta2, float eps, float wd, int t, float gscale) {
     /* coefficients in double, as torch computes them in Python */
     double bc1 = 1.0 - pow((double)beta1, t);
     double bc2 = 1.0 - pow((double)beta2, t);
@@ -16,7 +21,7 @@ void mf_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
     float bc2_sqrt = (float)sqrt(bc2);
     float decay = (float)(1.0 - (double)lr * wd);
     float omb1 = (float)(1.0 - (double)beta1), omb2 = (float)(1.0 - (double)beta2);
-    mf_kernels_isa_get()->adamw(p, g, m, v, n, beta1, beta2, omb1, omb2, step_size, bc2_sqrt, eps, decay,
+    mf_kernels_isa_get()->adamw(p, p16, g, m, v, n, beta1, beta2, omb1, omb2, step_size, bc2_sqrt, eps, decay,
                                 gscale);
 }
 

@@ -437,8 +437,14 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
             continue;
         }
         float *p = x->ps >= 0 ? (float *)mf_arena_get(a, x->ps) : (float *)mf_arena_get(a, mf_tensor_weights_row(x)) + x->lo;
-        mf_optim_update(&m->opt, st, p, g, &x->os, (float)t->lr,
-                        x->decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
+        const float wd = x->decay ? (float)c->weight_decay : 0.0f;
+        /* bf16 with fp32 masters, the whole tensor here (no ZeRO shard):
+         * the optimizer can round the new weights into the compute copy in
+         * its own pass */
+        if (x->mw >= 0 && m->cdt == MF_DTYPE_BF16 && x->ps < 0 && x->lo == 0 && x->os.rows * x->os.cols == x->numel &&
+            mf_optim_update_bf16(&m->opt, st, p, mf_arena_get(a, x->p), g, &x->os, (float)t->lr, wd, t->step + 1, gscale))
+            continue;
+        mf_optim_update(&m->opt, st, p, g, &x->os, (float)t->lr, wd, t->step + 1, gscale);
         mf_model_sync_params(m, a, i, 1);
     }
 }
