@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # mf_sgemm's fp32 backends on a whole training step, in one run: tokens/s
-# and peak RSS of memfit train with MEMFIT_GEMM=onednn (dnnl_sgemm, the
+# and peak RSS of memfit train with MEMFIT_GEMM=onednn (dnnl_sgemm, the default, with the
 # library's own packing buffers), matmul (oneDNN's matmul primitive with the
-# scratch a plan row: the default) and openblas, alternating A B C per round.
+# scratch a plan row) and openblas, alternating A B C per round.
 #   bench/gemm_backend.sh [MODEL] [BATCH] [SEQ]      (default gpt2-124m 4 256)
 # STEPS (per run, first untimed), ROUNDS, THREADS, BACKENDS=onednn,matmul,...
 # may be set in the environment.

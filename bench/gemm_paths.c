@@ -1,7 +1,7 @@
 /* Times every fp32 GEMM shape of a gpt2-124m B4 T256 training step on the
  * three fp32 backends mf_sgemm has (MEMFIT_GEMM): OpenBLAS (cblas_sgemm,
- * the OpenMP build memfit links), oneDNN's dnnl_sgemm, and oneDNN's matmul
- * primitive with a caller-owned scratchpad (the default), row-major, in the
+ * the OpenMP build memfit links), oneDNN's dnnl_sgemm (the default), and oneDNN's matmul
+ * primitive with a caller-owned scratchpad, row-major, in the
  * transpose forms memfit calls (no transposed copies), alternating A B C per
  * rep. Prints each shape's median GFLOP/s per wall second for the three,
  * and the matmul/sgemm ratio. Not a test.
