@@ -26,6 +26,7 @@ typedef struct {
     char tokenizer[8];        /* gpt2 | bytes | "" (preset's) */
     /* batch */
     int batch, seq, grad_accum, steps;
+    int seq_warmup, seq_warmup_start; /* sequence-length warm-up steps (0 = off) and its first length */
     /* optimizer */
     double lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
     int warmup;

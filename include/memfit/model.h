@@ -99,7 +99,7 @@ typedef struct {
 
 typedef struct {
     mf_dims d;
-    int B, T;             /* planned micro-batch; forward may run on B'<=B, T'<=T */
+    int B, T;             /* planned micro-batch; forward runs on any B' x T' that mf_model_fits */
     mf_mode mode;
     int nthreads;
     int n_phases;
@@ -147,6 +147,7 @@ typedef struct {
     uint64_t lora_micro;  /* micro-step counter the trainer sets before each training forward */
     int lora_drop;        /* dropout is on in the last forward (training forward with dropout > 0) */
     int qscr_f, qscr_b;   /* quantised base: GEMM scratch rows in forward / backward layer phases, else -1 */
+    size_t qscr_bytes;    /* their size */
 } mf_model;
 
 /* Phases of one micro-step (lifetimes are ranges of these). */
@@ -218,8 +219,14 @@ void mf_model_state_ptrs(const mf_model *m, const mf_arena *a, const mf_tensor *
 /* Sets tensor t's optimizer state to "no steps yet". */
 void mf_model_zero_state(const mf_model *m, const mf_arena *a, const mf_tensor *t);
 
-/* Forward on the first B x T of the planned batch (inputs/targets already
- * in the arena). Returns the mean loss over B*T positions. If dscale != 0
+/* The run-time guard: 1 when a forward and backward on B sequences of T
+ * tokens fit the planned buffers (B x T <= the planned tokens, T <= the
+ * model's block_size, and the attention, GEMM and dequantisation scratch
+ * that shape needs within what was planned), else 0. Rows and columns may
+ * trade: fewer, longer sequences fit as well as more, shorter ones. */
+int mf_model_fits(const mf_model *m, int B, int T);
+/* Forward on B x T tokens (B rows of T, that mf_model_fits; inputs/targets
+ * already in the arena). Returns the mean loss over B*T positions. If dscale != 0
  * (training), the head also leaves d(loss)/d(logits) * dscale in the
  * logits buffer for mf_model_backward. If targets is 0, no loss is
  * computed (sampling) and 0 is returned. */

@@ -108,6 +108,7 @@ typedef struct {
     double loss, lr, grad_norm, seconds, tok_s;
     double loss_scale;    /* fp16: the scale this step's backward used (0 otherwise) */
     int skipped;          /* fp16: the update was skipped (inf/NaN gradients) */
+    int rows, seq, micro; /* the step's batch (rows x seq tokens on this rank) and the micro-batches it ran in */
 } mf_step_stats;
 
 int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode);
@@ -124,8 +125,26 @@ int mf_trainer_hint(mf_trainer *t, size_t budget);
  * $TMPDIR (or /tmp)/memfit-optimizer-state.<pid>.bin. */
 const char *mf_planner_offload_path(const mf_config *cfg, char *buf, size_t n);
 void mf_trainer_free(mf_trainer *t);
-/* One optimizer step (grad_accum micro-batches). */
+/* One optimizer step on the step's batch (mf_trainer_step_shape):
+ * grad_accum micro-batches of the plan's B x T, or under seq_warmup the
+ * same tokens as shorter sequences. */
 int mf_trainer_step(mf_trainer *t, mf_step_stats *st);
+/* The batch of optimizer step `step` on this rank: B x grad_accum rows of
+ * T; under seq_warmup (steps < seq_warmup) shorter sequences, from
+ * seq_warmup_start up to T in multiples of 8, and as many rows as keep the
+ * step's tokens (rounded down). */
+void mf_trainer_step_shape(const mf_trainer *t, int step, int *rows, int *T);
+/* One optimizer step on `rows` sequences of T tokens from the training
+ * stream, whatever their shape: the run-time guard runs them in the fewest
+ * micro-batches that each fit the plan (mf_model_fits; longer sequences in
+ * fewer rows), with gradients of the mean loss over all rows x T tokens,
+ * identical (to float round-off) to one pass over the whole batch. Fails
+ * with a message when one sequence of T tokens cannot fit the plan. */
+int mf_trainer_step_rows(mf_trainer *t, int rows, int T, mf_step_stats *st);
+/* The forward/backward part of mf_trainer_step_rows: zeroes the gradients,
+ * accumulates those of the batch (loss times lscale), sets *loss to its mean
+ * loss; returns the number of micro-batches, or -1 with mf_error set. */
+int mf_trainer_accumulate(mf_trainer *t, int rows, int T, float lscale, double *loss);
 /* Mean loss over the validation batches (forward only). */
 double mf_trainer_val_loss(mf_trainer *t);
 /* Loads the next training window into the arena's loader buffers. */

@@ -278,7 +278,7 @@ static int cmd_train(int argc, char **argv, int profile) {
     }
     char ckpt[MF_PATH_MAX + 64];
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", cfg.out_dir);
-    /* step times after the first (warm-up) for the planner's report: the
+    /* step times after the first (warm-up of the libraries) for the planner's report: the
      * last 1024, in a fixed array (nothing allocated per step) */
     static double step_s[1024];
     int n_step_s = 0, first_step = t.step + 1;
@@ -291,7 +291,8 @@ static int cmd_train(int argc, char **argv, int profile) {
             break;
         }
         int leak = mf_observer_step_end(&obs, 1);
-        if (t.step > first_step) step_s[n_step_s++ % 1024] = st.seconds;
+        /* the prediction is for the planned shape: not seq_warmup's steps */
+        if (t.step > first_step && st.seq == t.T) step_s[n_step_s++ % 1024] = st.seconds;
         char leak_msg[1024];
         if (leak) snprintf(leak_msg, sizeof leak_msg, "%s", mf_error());
         int last = t.step == cfg.steps;

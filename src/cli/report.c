@@ -141,6 +141,8 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
                 t->step, t->cfg.steps, st->loss, st->lr, st->grad_norm, st->tok_s,
                 sz(t->ledger.peak_total, a), sz(rss, b));
         if (!isnan(val)) fprintf(f, " | val %.4f", val);
+        if (st->seq && st->seq != t->T)
+            fprintf(f, " | batch %d x %d in %d micro-batch%s", st->rows, st->seq, st->micro, st->micro == 1 ? "" : "es");
         if (t->use_scaler) fprintf(f, " | scale %g%s (%lld skipped)", st->loss_scale, st->skipped ? " SKIPPED" : "",
                                    (long long)t->scaler.skipped);
         if (t->cfg.budget)
@@ -159,6 +161,7 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
         put_num(metrics, "tok_s", st->tok_s, "%.6g");
         put_num(metrics, "step_s", st->seconds, "%.6g");
         if (!isnan(val)) put_num(metrics, "val_loss", val, "%.9g");
+        if (st->seq) fprintf(metrics, ",\"rows\":%d,\"seq\":%d,\"micro\":%d", st->rows, st->seq, st->micro);
         if (t->use_scaler)
             fprintf(metrics, ",\"loss_scale\":%.9g,\"skipped\":%d,\"skipped_total\":%lld", st->loss_scale, st->skipped,
                     (long long)t->scaler.skipped);

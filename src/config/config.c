@@ -41,6 +41,8 @@ static const key_row keys[] = {
     {"batch", T_INT, F(batch), 0, "8", 1, 1 << 20, "micro-batch size B (sequences per forward/backward; under mpirun the global micro-batch, split evenly over the ranks)"},
     {"seq", T_INT, F(seq), 0, "0", 0, 1 << 20, "sequence length T (0 = block_size)"},
     {"grad_accum", T_INT, F(grad_accum), 0, "1", 1, 1 << 20, "micro-batches per optimizer step (effective batch = batch x grad_accum)"},
+    {"seq_warmup", T_INT, F(seq_warmup), 0, "0", 0, 1 << 30, "sequence-length warm-up: over the first N steps T grows from seq_warmup_start to seq (multiples of 8) with the step's tokens kept, the batch split at run time into micro-batches that fit the plan (0 = off)"},
+    {"seq_warmup_start", T_INT, F(seq_warmup_start), 0, "64", 8, 1 << 20, "first sequence length of seq_warmup"},
     {"steps", T_INT, F(steps), 0, "300", 0, 1 << 30, "optimizer steps to train"},
     {"lr", T_FLOAT, F(lr), 0, "1e-3", 0, 10, "peak learning rate"},
     {"min_lr_frac", T_FLOAT, F(min_lr_frac), 0, "0.1", 0, 1, "cosine decay ends at lr x min_lr_frac"},

@@ -538,8 +538,11 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         m->dln = add(&ad, "work.dln", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, hf, l1, -1);
         m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, 4 * C, 0, 0, l0, l1, -1);
         m->dqkv = add(&ad, "work.dqkv", MF_CAT_WORK, MF_DTYPE_F32, 2, N, 3 * C, 0, 0, l0, l1, -1);
+        /* sized for the model's longest sequence, not T, so a batch of
+         * longer sequences (fewer rows) fits the plan: the trainer's
+         * run-time split (mf_model_fits); nthreads x (block_size - T) floats */
         m->attn_scratch = add(&ad, "work.attn_bwd", MF_CAT_WORK, MF_DTYPE_F32, 1,
-                              (int64_t)mf_flash_attention_scratch_floats(T, d->C / d->NH, nthreads), 0, 0, 0, l0, l1, -1);
+                              (int64_t)mf_flash_attention_scratch_floats(d->maxT, d->C / d->NH, nthreads), 0, 0, 0, l0, l1, -1);
     }
     if (nlora) {
         /* LoRA scratch: the low-rank product (rebuilt in backward, so no
@@ -566,6 +569,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                 int64_t b = (int64_t)mf_quant_matmul_scratch_bytes(m->lora.base, (int)N, (int)(kin[k] * C), (int)(kout[k] * C));
                 if (b > qs) qs = b;
             }
+            m->qscr_bytes = (size_t)qs;
             m->qscr_f = add(&ad, "work.quant_gemm.fwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, f0, f1, -1);
             if (train) m->qscr_b = add(&ad, "work.quant_gemm.bwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, b0, b1, -1);
         }
@@ -886,8 +890,28 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
 #define LNF_W (2 + m->d.L * MF_LAYER_TENSORS)
 #define LNF_B (LNF_W + 1)
 
+int mf_model_fits(const mf_model *m, int B, int T) {
+    if (B < 1 || T < 1 || T > m->d.maxT || (int64_t)B * T > (int64_t)m->B * m->T) return 0;
+    if (B > m->chunk_rows) return 0;  /* a sampling forward keeps each sequence's last logits row */
+    if (B == m->B && T == m->T) return 1;
+    int64_t N = (int64_t)B * T, C = m->d.C;
+    /* the row-linear buffers hold N rows; what else depends on the shape */
+    if (m->attn_scratch >= 0 &&
+        mf_flash_attention_scratch_floats(T, m->d.C / m->d.NH, m->nthreads) >
+            mf_flash_attention_scratch_floats(m->d.maxT, m->d.C / m->d.NH, m->nthreads))
+        return 0;
+    if (m->gemm_scratch >= 0 && gemm_scratch_need(m, (int)N) > m->gemm_scratch_bytes) return 0;
+    if (m->qscr_f >= 0) {
+        static const int kin[4] = {1, 1, 1, 4}, kout[4] = {3, 1, 4, 1};
+        for (int k = 0; k < 4; k++)
+            if (mf_quant_matmul_scratch_bytes(m->lora.base, (int)N, (int)(kin[k] * C), (int)(kout[k] * C)) > m->qscr_bytes)
+                return 0;
+    }
+    return 1;
+}
+
 double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets, float dscale) {
-    if (B > m->B || T > m->T) mf_panic("forward on %dx%d exceeds the planned %dx%d", B, T, m->B, m->T);
+    if (!mf_model_fits(m, B, T)) mf_panic("forward on %dx%d does not fit the planned %dx%d", B, T, m->B, m->T);
     int C = m->d.C, N = B * T, L = m->d.L;
     m->lora_drop = m->lora.r > 0 && m->lora.dropout > 0 && use_targets && dscale != 0.0f && m->mode == MF_MODE_TRAIN;
     mf_arena_phase(a, mf_phase_emb_fwd(m));

@@ -300,22 +300,24 @@ static const uint16_t *val_ids(const mf_trainer *t) {
     return t->own_val_file ? t->val_file.ids : t->train_file.ids;
 }
 
-static void load_window(mf_trainer *t, const uint16_t *ids, uint64_t start) {
+/* n tokens from ids[start] as inputs, the next ones as targets */
+static void load_window(mf_trainer *t, const uint16_t *ids, uint64_t start, size_t n) {
     int32_t *in = mf_arena_get(&t->arena, t->model.inputs), *tg = mf_arena_get(&t->arena, t->model.targets);
-    size_t n = (size_t)t->B * t->T;
     for (size_t i = 0; i < n; i++) {
         in[i] = ids[start + i];
         tg[i] = ids[start + i + 1];
     }
 }
 
-void mf_trainer_load_batch(mf_trainer *t) {
-    /* the global window is world x B sequences; this rank reads its slice */
-    uint64_t n = (uint64_t)t->B * t->T, gn = n * t->world;
+/* the global window is world x rows sequences of T; this rank reads its slice */
+static void load_rows(mf_trainer *t, int rows, int T) {
+    uint64_t n = (uint64_t)rows * T, gn = n * t->world;
     if (t->train_lo + t->data_pos + gn + 1 > t->train_hi) t->data_pos = 0;
-    load_window(t, t->train_file.ids, t->train_lo + t->data_pos + n * t->rank);
+    load_window(t, t->train_file.ids, t->train_lo + t->data_pos + n * t->rank, (size_t)n);
     t->data_pos += gn;
 }
+
+void mf_trainer_load_batch(mf_trainer *t) { load_rows(t, t->B, t->T); }
 
 int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     memset(t, 0, sizeof *t);
@@ -470,31 +472,86 @@ static void grads_ready(void *ctx, int first, int n) {
     if (!t->uib_bad) update_tensors(t, first, n, 1.0f);
 }
 
+void mf_trainer_step_shape(const mf_trainer *t, int step, int *rows, int *T) {
+    int accum = t->cfg.grad_accum, w = t->cfg.seq_warmup;
+    *rows = t->B * accum;
+    *T = t->T;
+    if (w <= 0 || step >= w || t->T <= 8) return;
+    /* sequence-length warm-up: T grows linearly from seq_warmup_start to the
+     * planned T (multiples of 8); the step keeps its token count in rows */
+    int t0 = t->cfg.seq_warmup_start < t->T ? t->cfg.seq_warmup_start : t->T;
+    int ts = t0 + (int)((int64_t)(t->T - t0) * step / w);
+    ts = ts / 8 * 8;
+    if (ts < t0) ts = t0;
+    if (ts >= t->T) return;
+    *T = ts;
+    *rows = (int)((int64_t)t->B * t->T * accum / ts);
+}
+
+int mf_trainer_accumulate(mf_trainer *t, int rows, int T, float lscale, double *loss) {
+    mf_model *m = &t->model;
+    mf_arena *a = &t->arena;
+    if (rows < 1 || T < 1) return mf_fail("a batch of %d x %d tokens is empty", rows, T);
+    if (T > t->d.maxT) return mf_fail("a batch of sequences of %d tokens: the model's block_size is %d", T, t->d.maxT);
+    /* the run-time guard: the largest micro-batch of these rows that fits
+     * the plan's buffers; the batch is run in as many as it takes */
+    int64_t cap = (int64_t)t->B * t->T / T;
+    int r = (int)(cap < rows ? cap : rows);
+    while (r > 0 && !mf_model_fits(m, r, T)) r--;
+    if (r < 1)
+        return mf_fail("a sequence of %d tokens does not fit the plan (batch %d x seq %d): plan for seq %d", T, t->B,
+                       t->T, T);
+    int micro = (rows + r - 1) / r;
+    /* balanced micro-batches of rows / micro and one more row must fit too */
+    while (micro < rows && !(mf_model_fits(m, rows / micro, T) && mf_model_fits(m, (rows + micro - 1) / micro, T)))
+        micro++;
+    if (!mf_model_fits(m, (rows + micro - 1) / micro, T))
+        return mf_fail("a batch of %d x %d tokens has no split that fits the plan (batch %d x seq %d)", rows, T, t->B, t->T);
+    if (micro > 1 && m->opt.in_backward)
+        return mf_fail("a batch of %d x %d tokens needs %d micro-batches of the plan's %d x %d, but update_in_backward "
+                       "updates after one", rows, T, micro, t->B, t->T);
+    /* every token's loss counts 1 / (all tokens of the step), in every micro-batch */
+    float dscale = 1.0f / ((float)rows * (float)t->world * (float)T) * lscale;
+    int accum = t->cfg.grad_accum, keyed = micro != accum;
+    double loss_sum = 0;
+    for (int k = 0; k < micro; k++) {
+        int rk = rows / micro + (k < rows % micro);  /* balanced: no micro-batch of a few rows */
+        mf_arena_step(a);
+        if (k == 0) mf_model_zero_grads(m, a);
+        /* LoRA dropout's mask; a step split otherwise than in grad_accum
+         * parts keys it by (step, micro-batch) */
+        m->lora_micro = keyed ? (uint64_t)t->step << 20 | (uint64_t)k : (uint64_t)t->step * (uint64_t)accum + (uint64_t)k;
+        load_rows(t, rk, T);
+        double lk = mf_model_forward(m, a, rk, T, 1, dscale);
+        loss_sum += rows % micro ? lk * rk : lk;
+        mf_model_backward(m, a, rk, T);
+    }
+    *loss = rows % micro ? loss_sum / rows : loss_sum / micro;
+    return micro;
+}
+
 int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
+    int rows, T;
+    mf_trainer_step_shape(t, t->step, &rows, &T);
+    return mf_trainer_step_rows(t, rows, T, st);
+}
+
+int mf_trainer_step_rows(mf_trainer *t, int rows, int T, mf_step_stats *st) {
     if (t->mode != MF_MODE_TRAIN) return mf_fail("this trainer was set up for inference");
     double t0 = mf_time_now();
     mf_model *m = &t->model;
     mf_arena *a = &t->arena;
-    int accum = t->cfg.grad_accum;
-    float dscale = 1.0f / ((float)t->B * (float)t->world * (float)t->T * (float)accum);
     /* fp16: the backward runs on loss * scale (GradScaler), unscaled below */
     float lscale = t->use_scaler ? t->scaler.scale : 1.0f;
-    dscale *= lscale;
     t->lr = mf_lr_at(&t->cfg, t->step);
     t->uib_sumsq = 0;
     t->uib_bad = 0;
     m->grads_ready = grads_ready;
     m->grads_ctx = t;
     double loss = 0;
-    for (int k = 0; k < accum; k++) {
-        mf_arena_step(a);
-        if (k == 0) mf_model_zero_grads(m, a);
-        m->lora_micro = (uint64_t)t->step * (uint64_t)accum + (uint64_t)k;  /* LoRA dropout's mask */
-        mf_trainer_load_batch(t);
-        loss += mf_model_forward(m, a, t->B, t->T, 1, dscale);
-        mf_model_backward(m, a, t->B, t->T);
-    }
-    loss /= accum;
+    int micro = mf_trainer_accumulate(t, rows, T, lscale, &loss);
+    if (micro < 0) return -1;
+    double tokens = (double)rows * t->world * T;
     mf_arena_phase(a, mf_phase_optim(m));
     int uib = m->opt.in_backward;
     double sumsq = 0;
@@ -524,8 +581,8 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
         /* the step counts (learning-rate schedule, AdamW's step number) but
          * nothing is updated */
         t->step++;
-        if (st) *st = (mf_step_stats){loss, t->lr, norm, mf_time_now() - t0, 0, lscale, 1};
-        if (st) st->tok_s = (double)t->B * t->world * t->T * accum / st->seconds;
+        if (st) *st = (mf_step_stats){loss, t->lr, norm, mf_time_now() - t0, 0, lscale, 1, rows, T, micro};
+        if (st) st->tok_s = tokens / st->seconds;
         return 0;
     }
     if (!isfinite(loss) || !isfinite(norm))
@@ -548,9 +605,12 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
         st->lr = t->lr;
         st->grad_norm = norm;
         st->seconds = mf_time_now() - t0;
-        st->tok_s = (double)t->B * t->world * t->T * accum / st->seconds;
+        st->tok_s = tokens / st->seconds;
         st->loss_scale = t->use_scaler ? lscale : 0.0;
         st->skipped = 0;
+        st->rows = rows;
+        st->seq = T;
+        st->micro = micro;
     }
     return 0;
 }
@@ -561,7 +621,7 @@ double mf_trainer_val_loss(mf_trainer *t) {
     size_t n = (size_t)t->B * t->T;
     for (int i = 0; i < t->n_val_batches; i++) {
         mf_arena_step(&t->arena);
-        load_window(t, val_ids(t), t->val_lo + ((uint64_t)i * t->world + t->rank) * n);
+        load_window(t, val_ids(t), t->val_lo + ((uint64_t)i * t->world + t->rank) * n, n);
         sum += mf_model_forward(&t->model, &t->arena, t->B, t->T, 1, 0.0f);
     }
     sum /= t->world;
