@@ -17,10 +17,14 @@
 static const int gemm_widths[MF_RATES_GEMM_SIZES] = {128, 256, 512, 768};
 static const int gemm_rows[MF_RATES_GEMM_ROWS] = {64, 256, 1024};
 
-typedef struct { int M, K, N; mf_bf16 *a, *b; float *c; void *s; size_t sb; } gemm16_ctx;
+static void fill(float *x, size_t n, float s);
+
+/* One GEMM in the row-major form the step calls: C (M x N) = op(A) op(B)
+ * (+ C when acc), op(A) M x K, op(B) K x N. */
+typedef struct { int M, N, K, tA, tB, acc; mf_bf16 *a, *b; float *c; void *s; size_t sb; } gemm16_ctx;
 static void run_gemm16(void *p) {
     gemm16_ctx *g = p;
-    mf_gemm_bf16_sized(g->c, g->a, g->b, NULL, g->M, g->N, g->K, 0, 0, 0, 0, g->s, g->sb);
+    mf_gemm_bf16_sized(g->c, g->a, g->b, NULL, g->M, g->N, g->K, g->tA, g->tB, g->acc, 0, g->s, g->sb);
 }
 
 /* Repeats fn until at least min_s have passed (and at least twice); the
@@ -40,10 +44,45 @@ static double best_of(bench_fn fn, void *ctx, double min_s) {
     return best;
 }
 
-typedef struct { int M, K, N; float *a, *b, *c; } gemm_ctx;
+typedef struct { int M, N, K, tA, tB, acc; float *a, *b, *c; } gemm_ctx;
 static void run_gemm(void *p) {
     gemm_ctx *g = p;
-    mf_sgemm(0, 0, g->M, g->N, g->K, 1.0f, g->a, g->K, g->b, g->N, 0.0f, g->c, g->N);
+    mf_sgemm(g->tA, g->tB, g->M, g->N, g->K, 1.0f, g->a, g->tA ? g->M : g->K, g->b, g->tB ? g->K : g->N,
+             g->acc ? 1.0f : 0.0f, g->c, g->N);
+}
+
+/* GFLOP/s of a block's MLP matmul (rows x C -> 4C) over the three forms a
+ * training step runs: forward x W, input gradient dY W^T, weight gradient
+ * x^T dY accumulated; fp32 through mf_sgemm, or bf16 (0 when oneDNN cannot
+ * run it). A single forward-form GEMM ran 10-25% faster than a step's mix
+ * here (bench/gemm_paths.c), which made predicted steps short. Operands
+ * come from ws: three buffers of `big` floats (fp32) and of `big` bf16
+ * values, filled once. */
+typedef struct { size_t big; float *f[3]; mf_bf16 *h[3]; } gemm_ws;
+static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int bf16) {
+    /* {tA, tB, accumulate, m, n, k} */
+    const int form[3][6] = {{0, 0, 0, M, 4 * C, C},   /* y = x W */
+                            {0, 1, 0, M, C, 4 * C},   /* dx = dy W^T (W stored C x 4C) */
+                            {1, 0, 1, C, 4 * C, M}};  /* dW += x^T dy */
+    double secs = 0, flops = 0;
+    for (int f = 0; f < 3; f++) {
+        int m = form[f][3], n = form[f][4], k = form[f][5];
+        if ((size_t)m * k > ws->big || (size_t)k * n > ws->big || (size_t)m * n > ws->big) return 0;
+        if (bf16) {
+            gemm16_ctx h = {m, n, k, form[f][0], form[f][1], form[f][2], ws->h[0], ws->h[1], ws->f[2], NULL, 0};
+            h.sb = mf_gemm_bf16_scratch_bytes(m, n, k, h.tA, h.tB, h.acc, 0, 0);
+            h.s = h.sb != SIZE_MAX ? malloc(h.sb ? h.sb : 1) : NULL;
+            int ok = h.s && mf_gemm_bf16_sized(h.c, h.a, h.b, NULL, m, n, k, h.tA, h.tB, h.acc, 0, h.s, h.sb) == 0;
+            if (ok) secs += best_of(run_gemm16, &h, 0.02);
+            free(h.s);
+            if (!ok) return 0;
+        } else {
+            gemm_ctx g = {m, n, k, form[f][0], form[f][1], form[f][2], ws->f[0], ws->f[1], ws->f[2]};
+            secs += best_of(run_gemm, &g, 0.02);
+        }
+        flops += 2.0 * m * n * k;
+    }
+    return secs > 0 ? flops / secs / 1e9 : 0;
 }
 
 typedef struct { int B, T, C, NH; float *out, *lse, *qkv, *dqkv, *dout, *scratch; } attn_ctx;
@@ -113,31 +152,28 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
     r->threads = nthreads;
     /* GEMM at the shape of a block's MLP (rows x C x 4C) for several widths
      * and row counts (small micro-batches run GEMMs far below peak) */
-    for (int j = 0; j < MF_RATES_GEMM_ROWS; j++) {
+    gemm_ws ws = {(size_t)gemm_rows[MF_RATES_GEMM_ROWS - 1] * 4 * gemm_widths[MF_RATES_GEMM_SIZES - 1], {0}, {0}};
+    if (gemm_widths[MF_RATES_GEMM_SIZES - 1] > gemm_rows[MF_RATES_GEMM_ROWS - 1])
+        ws.big = (size_t)gemm_widths[MF_RATES_GEMM_SIZES - 1] * 4 * gemm_widths[MF_RATES_GEMM_SIZES - 1];
+    int wok = 1;
+    for (int k = 0; k < 3; k++) {
+        ws.f[k] = malloc(ws.big * sizeof(float));
+        ws.h[k] = calloc(ws.big, sizeof(mf_bf16));  /* zeros: the rate does not depend on the values */
+        if (ws.f[k]) fill(ws.f[k], ws.big, 1);
+        wok &= ws.f[k] && ws.h[k];
+    }
+    for (int j = 0; j < MF_RATES_GEMM_ROWS && wok; j++) {
         r->gemm_m[j] = gemm_rows[j];
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++) {
-            gemm_ctx g = {gemm_rows[j], gemm_widths[i], 4 * gemm_widths[i], NULL, NULL, NULL};
-            g.a = malloc(sizeof(float) * (size_t)g.M * g.K);
-            g.b = malloc(sizeof(float) * (size_t)g.K * g.N);
-            g.c = malloc(sizeof(float) * (size_t)g.M * g.N);
-            if (!g.a || !g.b || !g.c) { free(g.a); free(g.b); free(g.c); return mf_fail("calibration: out of memory"); }
-            fill(g.a, (size_t)g.M * g.K, 1);
-            fill(g.b, (size_t)g.K * g.N, 1);
-            double s = best_of(run_gemm, &g, 0.06);
             r->gemm_c[i] = gemm_widths[i];
-            r->gemm_gflops[j][i] = 2.0 * g.M * g.K * g.N / s / 1e9;
-            /* the same shape in bf16 (zero operands: the rate does not
-             * depend on the values) */
-            gemm16_ctx h = {g.M, g.K, g.N, calloc((size_t)g.M * g.K, 2), calloc((size_t)g.K * g.N, 2), g.c, NULL, 0};
-            h.sb = mf_gemm_bf16_scratch_bytes(g.M, g.N, g.K, 0, 0, 0, 0, 0);
-            h.s = h.sb != SIZE_MAX ? malloc(h.sb ? h.sb : 1) : NULL;
-            if (h.a && h.b && h.s && mf_gemm_bf16_sized(h.c, h.a, h.b, NULL, h.M, h.N, h.K, 0, 0, 0, 0, h.s, h.sb) == 0)
-                r->gemm16_gflops[j][i] = 2.0 * g.M * g.K * g.N / best_of(run_gemm16, &h, 0.06) / 1e9;
-            else r->gemm16_gflops[j][i] = r->gemm_gflops[j][i];  /* oneDNN cannot run: bf16 is not offered faster */
-            free(h.a); free(h.b); free(h.s);
-            free(g.a); free(g.b); free(g.c);
+            r->gemm_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 0);
+            r->gemm16_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 1);
+            /* oneDNN cannot run bf16: bf16 is not offered faster */
+            if (r->gemm16_gflops[j][i] <= 0) r->gemm16_gflops[j][i] = r->gemm_gflops[j][i];
         }
     }
+    for (int k = 0; k < 3; k++) { free(ws.f[k]); free(ws.h[k]); }
+    if (!wok) return mf_fail("calibration: out of memory");
     /* more rows never make a GEMM slower per FLOP; a measurement that says
      * so is noise (the machine is shared), so the table is made monotone */
     for (int j = 1; j < MF_RATES_GEMM_ROWS; j++)
@@ -229,7 +265,7 @@ static void cache_path(char *buf, size_t n, int nthreads) {
     for (char *p = host; *p; p++) if (*p == '/') *p = '_';
     /* the format version is in the name (binaries of other versions keep
      * their own file), and the GEMM backend and kernel ISA: each has its own rates */
-    snprintf(buf, n, "%s/rates-v4-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
+    snprintf(buf, n, "%s/rates-v5-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
              mf_kernels_isa_name(), nthreads);
 }
 
@@ -237,7 +273,7 @@ static int rates_load(mf_rates *r, const char *path, int nthreads) {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     memset(r, 0, sizeof *r);
-    int ok = fscanf(f, "memfit-rates 4 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
+    int ok = fscanf(f, "memfit-rates 5 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
     for (int j = 0; ok && j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; ok && i < MF_RATES_GEMM_SIZES; i++)
             ok = fscanf(f, "gemm %d %d %lf %lf\n", &r->gemm_m[j], &r->gemm_c[i], &r->gemm_gflops[j][i],
@@ -254,7 +290,7 @@ static void rates_save(const mf_rates *r, const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return;  /* no cache folder: calibrate next time too */
-    fprintf(f, "memfit-rates 4 threads %d\n", r->threads);
+    fprintf(f, "memfit-rates 5 threads %d\n", r->threads);
     for (int j = 0; j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
             fprintf(f, "gemm %d %d %.6g %.6g\n", r->gemm_m[j], r->gemm_c[i], r->gemm_gflops[j][i], r->gemm16_gflops[j][i]);
