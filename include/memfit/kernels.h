@@ -150,6 +150,58 @@ void mf_flash_attention_backward(float *dqkv, float *scratch, const float *dout,
                                  int B, int T, int C, int NH);
 size_t mf_flash_attention_scratch_floats(int T, int hs, int nthreads);
 
+/* ---- Llama-family kernels (llama_kernels.c, flash_attention.c) ---------
+ * Grouped-query attention layout: a token's qkv row holds NH query heads,
+ * then NKV key heads, then NKV value heads, hs floats each: width
+ * QKV = (NH + 2*NKV) * hs. Query head h reads key/value head h / (NH/NKV)
+ * (NKV divides NH); K and V are never copied per query head. */
+
+/* Causal GQA FlashAttention with an optional sliding window: window > 0
+ * lets query i see keys j with i - window < j <= i (Mistral's
+ * sliding_window), 0 = every j <= i. Key tiles wholly outside the window
+ * are skipped, not masked. out (B,T,NH*hs); lse (B,NH,T). With NKV == NH,
+ * hs = C/NH and window 0 the results are bit-identical to
+ * mf_flash_attention_forward / _backward (which call these). */
+void mf_flash_attention_gqa_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
+                                    int hs, int window);
+/* dqkv (B,T,QKV) overwritten; dK/dV of a shared head sum over its query
+ * heads. scratch: mf_flash_attention_scratch_floats(T, hs, nthreads). */
+void mf_flash_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *out,
+                                     const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
+                                     int window);
+
+/* RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm): out = inp * rstd * w,
+ * rstd = 1/sqrt(mean(inp^2) + eps), kept (N) for backward. */
+void mf_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+/* dinp accumulates (+=); dw accumulates (NULL: not computed). */
+void mf_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                         const float *rstd, int N, int C);
+
+/* Rotary position embedding as HF applies it (rotate-half: dimension i
+ * pairs with i + hs/2). Scaling: MF_ROPE_LLAMA3 is Llama 3.1's
+ * frequency-dependent rescaling (rope_scaling rope_type "llama3"). */
+typedef enum { MF_ROPE_NONE = 0, MF_ROPE_LLAMA3 = 1 } mf_rope_type;
+typedef struct {
+    mf_rope_type type;
+    float factor, low_freq_factor, high_freq_factor;
+    int original_max_position_embeddings;
+} mf_rope_scaling;
+/* tab (2 * T * hs/2 floats): cos of positions 0..T-1 (T, hs/2), then sin
+ * (T, hs/2); angles from inv_freq_i = theta^(-2i/hs) (scaled), computed in
+ * double and rounded once. */
+void mf_rope_table(float *tab, int T, int hs, double theta, const mf_rope_scaling *sc);
+/* Rotates the NH query and NKV key heads of qkv (B*T rows of QKV) in place;
+ * row n is at position pos[n] (pos NULL: n % T). inverse != 0 applies the
+ * transpose rotation: the backward, on dqkv. Value heads are untouched. */
+void mf_rope_apply(float *qkv, const float *tab, const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+                   int inverse);
+
+/* SwiGLU (Shazeer 2020): out = silu(gate) * up, silu(x) = x * sigmoid(x). */
+void mf_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+/* dgate = dout * up * silu'(gate), dup = dout * silu(gate), overwritten;
+ * element-wise, so dgate may alias gate and dup may alias up. */
+void mf_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
+
 /* ---- mixed precision (mixed.c; docs/precision.md) ----------------------
  * dt is MF_DTYPE_BF16 or MF_DTYPE_F16; "16-bit" buffers hold uint16 values
  * of that format. Outputs that feed a GEMM are stored in 16 bits, rounded
