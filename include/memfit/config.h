@@ -23,6 +23,7 @@ typedef struct {
     /* model */
     char model[32];           /* preset name */
     int n_layer, n_embd, n_head, block_size, vocab_size; /* 0 = from preset */
+    int n_kv_head, intermediate_size; /* Llama family: KV heads, MLP width (0 = preset's) */
     char tokenizer[8];        /* gpt2 | bytes | "" (preset's) */
     /* batch */
     int batch, seq, grad_accum, steps;

@@ -1,21 +1,28 @@
-/* memfit model: GPT-2 (learned positions, pre-LayerNorm, causal multi-head
- * attention, GELU(tanh) MLP of 4C, tied embedding), fp32 or mixed precision
- * (16-bit GEMM operands, docs/precision.md), with an explicit forward and
- * backward per layer.
+/* memfit model: decoder-only transformers of two families with an explicit
+ * forward and backward per layer:
+ *   GPT-2: learned positions, pre-LayerNorm, causal multi-head attention,
+ *     GELU(tanh) MLP of 4C, tied embedding; fp32 or mixed precision (16-bit
+ *     GEMM operands, docs/precision.md); Conv1D (in, out) weights.
+ *   Llama family (Llama 2/3, Qwen2, Mistral, SmolLM2, TinyLlama): RMSNorm,
+ *     grouped-query attention with rotary positions (rotate-half, optional
+ *     Llama 3 scaling), optional q/k/v biases (Qwen2), optional sliding
+ *     window (Mistral), SwiGLU MLP, tied or untied head; nn.Linear (out, in)
+ *     weights under Hugging Face's names, so HF folders load without a copy
+ *     (docs/models.md).
  *
  * Owns: the model's rows in the plan (weights, gradients, optimizer state,
  * activations, scratch, loader buffers) and the buffer ids that point at
  * them. Promises: every byte the model touches is a plan row, requested
  * through mf_arena_get in the phase its row declares; sizes are computed
- * only in mf_model_plan. Weight matrices use Hugging Face's Conv1D (in, out)
- * layout; the vocabulary is padded to a multiple of 64 rows (Vp) and padding
- * never enters the loss.
+ * only in mf_model_plan. The vocabulary is padded to a multiple of 64 rows
+ * (Vp) and padding never enters the loss.
  */
 #ifndef MEMFIT_MODEL_H
 #define MEMFIT_MODEL_H
 
 #include "memfit/config.h"
 #include "memfit/core.h"
+#include "memfit/kernels.h"
 #include "memfit/lora.h"
 #include "memfit/optim.h"
 
@@ -23,9 +30,29 @@
 extern "C" {
 #endif
 
+typedef enum { MF_ARCH_GPT2 = 0, MF_ARCH_LLAMA = 1 } mf_arch;
+
+/* A model's shape. GPT-2 uses L, C, NH, maxT, V (NKV = NH, hd = C/NH,
+ * ffn = 4C); the Llama family uses all of it. */
+typedef struct {
+    mf_arch arch;
+    int L, C, NH, maxT, V, Vp;
+    int NKV;              /* key/value heads (grouped-query attention; divides NH) */
+    int hd;               /* head dimension (HF head_dim; may differ from C/NH) */
+    int ffn;              /* MLP hidden width (HF intermediate_size) */
+    int tied;             /* the output head is the embedding matrix */
+    int qkv_bias;         /* q/k/v projections have biases (Qwen2) */
+    int window;           /* sliding-window attention span (Mistral), 0 = none */
+    float eps;            /* RMSNorm epsilon (GPT-2's LayerNorm: 1e-5) */
+    double rope_theta;
+    mf_rope_scaling rope; /* rope_scaling (type MF_ROPE_NONE: none) */
+    char hf_arch[32];     /* HF architectures[0] written into config.json */
+    char tokenizer[8];
+} mf_dims;
+
 typedef struct {
     const char *name;
-    int n_layer, n_embd, n_head, block_size, vocab_size;
+    mf_dims d;            /* tokenizer and Vp are filled by mf_model_dims */
     const char *tokenizer;  /* "gpt2" or "bytes" */
     const char *note;
 } mf_preset;
@@ -33,14 +60,26 @@ typedef struct {
 /* The preset table; *n receives its length. */
 const mf_preset *mf_model_presets(int *n);
 
-typedef struct {
-    int L, C, NH, maxT, V, Vp;
-    char tokenizer[8];
-} mf_dims;
-
-/* Preset named by cfg->model, then the explicit n_layer/... overrides;
- * validates (n_head divides n_embd, seq <= block_size, ...). */
+/* Preset named by cfg->model (or, when cfg->init is a directory, the
+ * Hugging Face config.json in it: src/model/hf.c), then the explicit
+ * n_layer/... overrides; validates (heads divide, seq <= block_size, ...). */
 int mf_model_dims(const mf_config *cfg, mf_dims *d);
+/* Finishes and validates d (Vp; head and width constraints); -1 with a message. */
+int mf_model_dims_check(mf_dims *d);
+/* Hugging Face folders (hf.c). read_config: DIR/config.json into d (Llama,
+ * Qwen2, Mistral), -1 naming the file and the problem; write_config: the
+ * same keys back (atomically). weight_files: the safetensors files of DIR
+ * (model.safetensors, or every shard the index names, each checked to
+ * exist); free them with mf_hf_free_files. */
+int mf_hf_read_config(const char *dir, mf_dims *d);
+int mf_hf_write_config(const char *path, const mf_dims *d);
+int mf_hf_weight_files(const char *dir, char ***files, int *n);
+void mf_hf_free_files(char **files, int n);
+/* Weights of one block's matrices (GEMM parameters per token, /2 = FLOPs/2). */
+int64_t mf_model_block_matmul_params(const mf_dims *d);
+/* Attention score FLOPs of one block's forward on B sequences of T tokens
+ * (QK^T and PV; the sliding window's skipped part excluded). */
+double mf_model_attention_flops(const mf_dims *d, int B, int T);
 /* Parameters as Hugging Face counts them (unpadded vocabulary). */
 int64_t mf_model_n_params(const mf_dims *d);
 
@@ -63,10 +102,15 @@ typedef struct { mf_recompute_policy policy; int every; } mf_recompute;
  * message otherwise. */
 int mf_recompute_parse(const char *s, mf_recompute *out);
 
-#define MF_LAYER_TENSORS 12
+#define MF_LAYER_TENSORS 12   /* the most tensors one block has */
+
+/* What a tensor is to the model, beyond its name. */
+typedef enum { MF_ROLE_LAYER = 0, MF_ROLE_EMB, MF_ROLE_POS, MF_ROLE_NORMF, MF_ROLE_HEAD } mf_role;
 
 typedef struct {
-    char name[48];      /* Hugging Face GPT-2 name, e.g. h.3.attn.c_attn.weight */
+    char name[64];      /* Hugging Face name: GPT-2's h.3.attn.c_attn.weight, Llama's
+                         * model.layers.3.self_attn.q_proj.weight */
+    mf_role role;
     int ndim;
     int64_t shape[2];   /* stored shape (wte: Vp rows) */
     int64_t rows_file;  /* rows in files (wte: V) */
@@ -94,8 +138,13 @@ typedef struct {
     int atty;                     /* (N,C) attention output before c_proj */
     int xmid;                     /* (N,C) residual after attention (ln_2 input) */
     int ln2, ln2_mean, ln2_rstd;  /* (N,C) (N) (N) */
-    int fch, fch_gelu;            /* (N,4C) (N,4C) */
+    int fch, fch_gelu;            /* (N,4C) (N,4C); Llama: gate (N,I) and silu(gate)*up (N,I) */
+    int up;                       /* Llama: (N,I) up_proj output; -1 for GPT-2 */
 } mf_layer_acts;
+
+/* A Llama block's tensors (mf_model.lt gives their offsets in the block). */
+enum { MF_LT_LN1, MF_LT_Q, MF_LT_QB, MF_LT_K, MF_LT_KB, MF_LT_V, MF_LT_VB, MF_LT_O, MF_LT_LN2, MF_LT_GATE,
+       MF_LT_UP, MF_LT_DOWN, MF_LT_COUNT };
 
 typedef struct {
     mf_dims d;
@@ -104,7 +153,15 @@ typedef struct {
     int nthreads;
     int n_phases;
     int n_tensors;
-    mf_tensor *tensors;   /* wte, wpe, h.0.* .. h.{L-1}.*, ln_f.weight, ln_f.bias */
+    mf_tensor *tensors;   /* GPT-2: wte, wpe, h.0.* .. h.{L-1}.*, ln_f.weight, ln_f.bias;
+                           * Llama: embed_tokens, layers.0.* .., norm, [lm_head] */
+    int t_emb, t_pos;     /* the embedding (0) and GPT-2's wpe (1; -1 for Llama) */
+    int t_layer0, nlt;    /* layer l's tensors are [t_layer0 + l*nlt, +nlt) */
+    int t_normf, n_normf; /* the final norm's tensors (weight, GPT-2's bias) */
+    int t_head;           /* the untied output head, -1 when tied to t_emb */
+    int lt[MF_LAYER_TENSORS]; /* Llama: offset in a block of each MF_LT_* tensor, -1 if absent */
+    int rope;             /* Llama: the cos/sin table (work), -1 for GPT-2 */
+    int rope_T;           /* positions the table holds */
     int inputs, targets;  /* (B,T) int32, category data */
     int *res;             /* L+1 residual streams (N,C) as forward writes them; res[0] = embeddings */
     int *rres;            /* L+1: the same as backward reads them (rebuilt ones differ) */

@@ -22,15 +22,31 @@ static const char *recompute_desc(const mf_config *cfg, const mf_model *m, char 
     return buf;
 }
 
+/* 1234567 -> "1,234,567" (a static buffer: one call per printf) */
+static const char *group_digits(long long v) {
+    static char out[32];
+    char raw[24];
+    int n = snprintf(raw, sizeof raw, "%lld", v), o = 0;
+    for (int i = 0; i < n; i++) {
+        if (i && (n - i) % 3 == 0 && raw[i - 1] != '-') out[o++] = ',';
+        out[o++] = raw[i];
+    }
+    out[o] = 0;
+    return out;
+}
+
 void mf_report_presets(FILE *f) {
     int n;
     const mf_preset *p = mf_model_presets(&n);
-    fprintf(f, "\nModel presets:\n");
+    fprintf(f, "\nModel presets (parameters as Hugging Face counts them):\n");
     for (int i = 0; i < n; i++) {
-        mf_dims d = {p[i].n_layer, p[i].n_embd, p[i].n_head, p[i].block_size, p[i].vocab_size, 0, ""};
-        fprintf(f, "  %-10s L%-3d C%-5d H%-3d T%-5d vocab %-6d %-6s %.1fM params  %s\n", p[i].name, p[i].n_layer,
-                p[i].n_embd, p[i].n_head, p[i].block_size, p[i].vocab_size, p[i].tokenizer,
-                (double)mf_model_n_params(&d) / 1e6, p[i].note);
+        const mf_dims *d = &p[i].d;
+        char shape[96];
+        if (d->arch == MF_ARCH_LLAMA)
+            snprintf(shape, sizeof shape, "L%d C%d H%d/KV%d I%d", d->L, d->C, d->NH, d->NKV, d->ffn);
+        else snprintf(shape, sizeof shape, "L%d C%d H%d", d->L, d->C, d->NH);
+        fprintf(f, "  %-14s %-26s T%-6d vocab %-6d %-5s %14s params  %s\n", p[i].name, shape, d->maxT, d->V,
+                p[i].tokenizer, group_digits((long long)mf_model_n_params(d)), p[i].note);
     }
 }
 

@@ -31,10 +31,12 @@ typedef struct {
 #define BIG 1e18
 
 static const key_row keys[] = {
-    {"model", T_STR, S(model), "gpt2-10m", 0, 0, "model preset: gpt2-1m, gpt2-10m, gpt2-124m, gpt2-350m (memfit estimate --help lists them)"},
+    {"model", T_STR, S(model), "gpt2-10m", 0, 0, "model preset: gpt2-1m, gpt2-10m, gpt2-124m, gpt2-350m, llama-tiny, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, tinyllama-1.1b, mistral-7b (memfit estimate --help lists them); --init DIR takes the shape from DIR/config.json instead"},
     {"n_layer", T_INT, F(n_layer), 0, "0", 0, 1024, "transformer blocks (0 = preset's)"},
     {"n_embd", T_INT, F(n_embd), 0, "0", 0, 65536, "embedding width C (0 = preset's)"},
     {"n_head", T_INT, F(n_head), 0, "0", 0, 1024, "attention heads; must divide n_embd (0 = preset's)"},
+    {"n_kv_head", T_INT, F(n_kv_head), 0, "0", 0, 1024, "Llama family: key/value heads, must divide n_head (0 = preset's)"},
+    {"intermediate_size", T_INT, F(intermediate_size), 0, "0", 0, 1 << 20, "Llama family: SwiGLU MLP width (0 = preset's)"},
     {"block_size", T_INT, F(block_size), 0, "0", 0, 1 << 20, "maximum sequence length, rows of wpe (0 = preset's)"},
     {"vocab_size", T_INT, F(vocab_size), 0, "0", 0, 1 << 24, "vocabulary (0 = the tokenizer's)"},
     {"tokenizer", T_STR, S(tokenizer), "", 0, 0, "gpt2 or bytes (empty = preset's)"},
@@ -76,7 +78,7 @@ static const key_row keys[] = {
     {"temperature", T_FLOAT, F(temperature), 0, "0.8", 0, 100, "sampling temperature (0 = greedy)"},
     {"top_k", T_INT, F(top_k), 0, "40", 0, 1 << 24, "sample from the k most likely tokens (0 = all)"},
     {"prompt", T_STR, S(prompt), "", 0, 0, "text samples start from (empty = end-of-text / newline)"},
-    {"init", T_STR, S(init), "", 0, 0, "start from these weights (safetensors, Hugging Face GPT-2 names)"},
+    {"init", T_STR, S(init), "", 0, 0, "start from these weights: a Hugging Face model folder (config.json + model.safetensors or shards; Llama, Qwen2, Mistral) or a safetensors file (memfit's own, or Hugging Face GPT-2 names)"},
     {"out_dir", T_STR, S(out_dir), "", 0, 0, "folder for checkpoints and the final model (empty = none written)"},
     {"ckpt_every", T_INT, F(ckpt_every), 0, "0", 0, 1 << 30, "write a checkpoint every N steps (0 = only at the end, if out_dir)"},
     {"resume", T_STR, S(resume), "", 0, 0, "resume from this checkpoint file"},

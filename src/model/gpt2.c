@@ -11,7 +11,7 @@
  *   2L+4         optimizer
  * Forward-only plans (sampling, evaluation) have phases 0 .. L+1 and keep a
  * layer's activations only while that layer runs. */
-#include "memfit/model.h"
+#include "internal.h"
 #include "memfit/dist.h"
 #include "memfit/half.h"
 #include "memfit/kernels.h"
@@ -21,49 +21,6 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const mf_preset presets[] = {
-    {"gpt2-1m", 5, 128, 4, 128, 256, "bytes", "1.0M params, byte-level vocabulary; quick tests and demos"},
-    {"gpt2-10m", 6, 160, 5, 256, 50257, "gpt2", "9.9M params, GPT-2 BPE; the default"},
-    {"gpt2-124m", 12, 768, 12, 1024, 50257, "gpt2", "GPT-2 small (124,439,808 params)"},
-    {"gpt2-350m", 24, 1024, 16, 1024, 50257, "gpt2", "GPT-2 medium (354,823,168 params)"},
-};
-
-const mf_preset *mf_model_presets(int *n) {
-    *n = (int)(sizeof presets / sizeof presets[0]);
-    return presets;
-}
-
-int mf_model_dims(const mf_config *cfg, mf_dims *d) {
-    int np;
-    const mf_preset *ps = mf_model_presets(&np), *p = NULL;
-    for (int i = 0; i < np; i++) if (strcmp(ps[i].name, cfg->model) == 0) p = &ps[i];
-    if (!p) {
-        char list[256] = "";
-        for (int i = 0; i < np; i++) {
-            strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
-            strncat(list, ps[i].name, sizeof list - strlen(list) - 1);
-        }
-        return mf_fail("unknown model preset '%s' (presets: %s)", cfg->model, list);
-    }
-    memset(d, 0, sizeof *d);
-    d->L = cfg->n_layer ? cfg->n_layer : p->n_layer;
-    d->C = cfg->n_embd ? cfg->n_embd : p->n_embd;
-    d->NH = cfg->n_head ? cfg->n_head : p->n_head;
-    d->maxT = cfg->block_size ? cfg->block_size : p->block_size;
-    snprintf(d->tokenizer, sizeof d->tokenizer, "%s", cfg->tokenizer[0] ? cfg->tokenizer : p->tokenizer);
-    int tokv = strcmp(d->tokenizer, "bytes") == 0 ? 256 : 50257;
-    /* a tokenizer change without an explicit vocabulary takes the tokenizer's */
-    d->V = cfg->vocab_size ? cfg->vocab_size : (cfg->tokenizer[0] ? tokv : p->vocab_size);
-    if (d->L < 1 || d->C < 1 || d->NH < 1 || d->maxT < 1 || d->V < 2)
-        return mf_fail("model dimensions must be positive (n_layer %d, n_embd %d, n_head %d, block_size %d, vocab %d)",
-                       d->L, d->C, d->NH, d->maxT, d->V);
-    if (d->C % d->NH) return mf_fail("n_head %d does not divide n_embd %d", d->NH, d->C);
-    if (d->V < tokv) return mf_fail("vocab_size %d is smaller than the %s tokenizer's %d", d->V, d->tokenizer, tokv);
-    if (d->V > 65535 + 1) return mf_fail("vocab_size %d too large: token files hold 16-bit ids", d->V);
-    d->Vp = (d->V + 63) / 64 * 64;
-    return 0;
-}
 
 int mf_recompute_parse(const char *s, mf_recompute *out) {
     out->every = 0;
@@ -81,11 +38,6 @@ int mf_recompute_parse(const char *s, mf_recompute *out) {
         out->every = (int)n;
     } else return mf_fail("recompute '%s' is not one of none, selective, full, every:N, sqrt, auto", s);
     return 0;
-}
-
-int64_t mf_model_n_params(const mf_dims *d) {
-    int64_t C = d->C;
-    return (int64_t)d->V * C + (int64_t)d->maxT * C + d->L * (12 * C * C + 13 * C) + 2 * C;
 }
 
 int mf_phase_emb_fwd(const mf_model *m) { (void)m; return 0; }
@@ -135,17 +87,18 @@ static int grads_transient(const mf_model *m) {
     return m->opt.in_backward || (m->opt.zero >= 2 && m->opt.world > 1);
 }
 
-static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int ndim,
-                       int64_t d0, int64_t d1, int64_t file_rows, int decay_2d) {
+static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role role, int layer, int ndim,
+                            int64_t d0, int64_t d1, int64_t file_rows, int decay_2d) {
     mf_tensor *t = &m->tensors[m->n_tensors++];
     snprintf(t->name, sizeof t->name, "%s", name);
+    t->role = role;
     t->ndim = ndim;
     t->shape[0] = d0;
     t->shape[1] = ndim > 1 ? d1 : 1;
     t->rows_file = file_rows;
     t->numel = d0 * (ndim > 1 ? d1 : 1);
     t->decay = decay_2d;
-    t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, strcmp(name, "wte.weight") == 0};
+    t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, role == MF_ROLE_EMB};
     t->lo = 0;
     t->hi = t->numel;
     /* LoRA: the adapters are trainable (category adapter), the base is frozen */
@@ -162,13 +115,13 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
         t->os = (mf_optim_shape){1, t->hi - t->lo, 1, 0};
     }
     int last = m->n_phases - 1;
-    char nm[64];
+    char nm[96];
     t->g = t->gs = t->ps = t->pb = t->mw = -1;
     /* 16-bit precision: the GEMM weights (every matrix but wpe, which only
      * the embedding adds) get a 16-bit compute row, plus an fp32 master
      * row the optimizer updates; vectors stay fp32 (they are their own
      * master) */
-    int h16 = m->cdt != MF_DTYPE_F32 && ndim == 2 && strcmp(name, "wpe.weight") != 0;
+    int h16 = m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS;
     if (shard && m->opt.zero >= 3) {
         /* ZeRO 3: a rank keeps its shard; the whole tensor is gathered
          * into a row that lives only in the phases that read it. A block's
@@ -179,8 +132,9 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
             p1 = mf_phase_layer_fwd(m, layer), b1 = mf_phase_layer_bwd(m, layer);
             p0 = p1 - (m->prefetch ? 1 : 0), b0 = b1 - (m->prefetch ? 1 : 0);
         }
-        else if (strcmp(name, "wte.weight") == 0) p1 = mf_phase_head_fwd(m);  /* embedding and classifier */
-        else if (strcmp(name, "ln_f.weight") == 0 || strcmp(name, "ln_f.bias") == 0)
+        else if (role == MF_ROLE_EMB) p1 = m->d.tied ? mf_phase_head_fwd(m) : 0;  /* embedding (and tied classifier) */
+        else if (role == MF_ROLE_HEAD) p0 = p1 = mf_phase_head_fwd(m);  /* its backward runs with the loss */
+        else if (role == MF_ROLE_NORMF)
             p0 = p1 = mf_phase_head_fwd(m), b0 = b1 = mf_phase_head_bwd(m);
         snprintf(nm, sizeof nm, "param_shard.%s", name);
         t->ps = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, 1, t->hi - t->lo, 0, 0, 0, 0, last, layer);
@@ -206,8 +160,9 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
         int g0 = 0, g1 = last;
         if (grads_transient(m)) {
             if (layer >= 0) g0 = g1 = mf_phase_layer_bwd(m, layer);
-            else if (strcmp(name, "wte.weight") == 0) g0 = mf_phase_head_fwd(m), g1 = mf_phase_emb_bwd(m);
-            else if (strcmp(name, "wpe.weight") == 0) g0 = g1 = mf_phase_emb_bwd(m);
+            else if (role == MF_ROLE_EMB) g0 = m->d.tied ? mf_phase_head_fwd(m) : mf_phase_emb_bwd(m), g1 = mf_phase_emb_bwd(m);
+            else if (role == MF_ROLE_POS) g0 = g1 = mf_phase_emb_bwd(m);
+            else if (role == MF_ROLE_HEAD) g0 = g1 = mf_phase_head_fwd(m);  /* the untied head: with the loss */
             else g0 = g1 = mf_phase_head_bwd(m);  /* ln_f */
         }
         snprintf(nm, sizeof nm, "grad.%s", name);
@@ -221,6 +176,11 @@ static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int 
         for (int i = 0; t->lora && !ad->err && i < MF_OPTIM_STATES; i++)
             if (t->st[i] >= 0) ad->plan->bufs[t->st[i]].cat = MF_CAT_ADAPTER;
     }
+}
+
+static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int ndim, int64_t d0, int64_t d1,
+                       int64_t file_rows, int decay_2d) {
+    add_tensor_role(m, ad, name, MF_ROLE_LAYER, layer, ndim, d0, d1, file_rows, decay_2d);
 }
 
 /* Lifetimes of rebuilt slot s: [fwd[0], fwd[1]] while forward writes it,
@@ -250,13 +210,26 @@ static void slot_life(const mf_model *m, int s, int in, int fwd[2], int bwd[2]) 
  * chunked head (sampling's head on 1 and on min(N, R) rows). fn gets
  * (M, N, K, tA, tB, accumulate, bias) and returns nonzero to stop. */
 typedef int (*gemm_shape_fn)(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias);
-static int gemm_shapes(int C, int Vp, int N, int R, int train, gemm_shape_fn fn, void *ctx) {
+static int gemm_shapes(const mf_dims *d, int N, int R, int train, gemm_shape_fn fn, void *ctx) {
+    int C = d->C, Vp = d->Vp;
+    if (d->arch == MF_ARCH_LLAMA) {
+        /* nn.Linear (out, in): y = x W^T, dx (+)= dy W, dW += dy^T x; k, v
+         * and up add into the input gradient q, gate started */
+        int AO = d->NH * d->hd, KV = d->NKV * d->hd;
+        const int io[7][3] = {{C, AO, 0}, {C, KV, 1}, {C, KV, 1}, {AO, C, 0}, {C, d->ffn, 0}, {C, d->ffn, 1}, {d->ffn, C, 0}};
+        for (int k = 0; k < 7; k++) {
+            int ci = io[k][0], oc = io[k][1];
+            if (fn(ctx, N, oc, ci, 0, 1, k == 3 || k == 6, d->qkv_bias && k < 3)) return -1;
+            if (train && (fn(ctx, oc, ci, N, 1, 0, 1, 0) || fn(ctx, N, ci, oc, 0, 0, io[k][2], 0))) return -1;
+        }
+    } else {
     /* (in, out) of the four block matmuls; accumulate for the residual ones */
     const int io[4][3] = {{C, 3 * C, 0}, {C, C, 1}, {C, 4 * C, 0}, {4 * C, C, 1}};
     for (int k = 0; k < 4; k++) {
         int ci = io[k][0], oc = io[k][1];
         if (fn(ctx, N, oc, ci, 0, 0, io[k][2], 1)) return -1;
         if (train && (fn(ctx, ci, oc, N, 1, 0, 1, 0) || fn(ctx, N, ci, oc, 0, 1, 0, 0))) return -1;
+    }
     }
     int rows[3] = {R, 1, N < R ? N : R};
     for (int k = 0; k < 3; k++)
@@ -293,7 +266,7 @@ static int scratch_max(void *ctx, int M, int N, int K, int tA, int tB, int acc, 
  * if the library cannot run one. */
 static size_t gemm_scratch_need(const mf_model *m, int N) {
     scratch_ctx c = {m->cdt, 0};
-    gemm_shapes(m->d.C, m->d.Vp, N, m->chunk_rows, m->mode == MF_MODE_TRAIN, scratch_max, &c);
+    gemm_shapes(&m->d, N, m->chunk_rows, m->mode == MF_MODE_TRAIN, scratch_max, &c);
     return c.mx;
 }
 
@@ -312,7 +285,43 @@ int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss
     if (dt == MF_DTYPE_F32) return 0;
     int64_t N = (int64_t)B * T, R = loss_chunk > 0 && loss_chunk < N ? loss_chunk : N;
     if (R < B) R = B;
-    return gemm_shapes(d->C, d->Vp, (int)N, (int)R, train, warm_one, &dt);
+    return gemm_shapes(d, (int)N, (int)R, train, warm_one, &dt);
+}
+
+/* The Llama family's tensors under Hugging Face's names, in nn.Linear
+ * (out, in) layout: embed_tokens, per block (mf_model.lt order) the
+ * attention norm, q/k/v (biases for Qwen2), o, the MLP norm, gate, up,
+ * down; the final norm; lm_head when untied. */
+static void declare_llama_tensors(mf_model *m, adder *ad) {
+    const mf_dims *d = &m->d;
+    int64_t C = d->C, AO = (int64_t)d->NH * d->hd, KV = (int64_t)d->NKV * d->hd, I = d->ffn;
+    add_tensor_role(m, ad, "model.embed_tokens.weight", MF_ROLE_EMB, -1, 2, d->Vp, C, d->V, 1);
+    m->t_layer0 = m->n_tensors;
+    static const char *const nm_[MF_LT_COUNT] = {
+        "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight",
+        "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.o_proj.weight",
+        "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    const int64_t rows[MF_LT_COUNT] = {C, AO, AO, KV, KV, KV, KV, C, C, I, I, C};
+    const int64_t cols[MF_LT_COUNT] = {0, C, 0, C, 0, C, 0, AO, 0, C, C, I};
+    int n = 0;
+    for (int k = 0; k < MF_LT_COUNT; k++) {
+        int bias = k == MF_LT_QB || k == MF_LT_KB || k == MF_LT_VB;
+        m->lt[k] = bias && !d->qkv_bias ? -1 : n++;
+    }
+    m->nlt = n;
+    for (int l = 0; l < d->L; l++)
+        for (int k = 0; k < MF_LT_COUNT; k++) {
+            if (m->lt[k] < 0) continue;
+            char nm[96];
+            snprintf(nm, sizeof nm, "model.layers.%d.%s", l, nm_[k]);
+            add_tensor(m, ad, nm, l, cols[k] ? 2 : 1, rows[k], cols[k], rows[k], cols[k] ? 1 : 0);
+        }
+    m->t_normf = m->n_tensors, m->n_normf = 1;
+    add_tensor_role(m, ad, "model.norm.weight", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
+    if (!d->tied) {
+        m->t_head = m->n_tensors;
+        add_tensor_role(m, ad, "lm_head.weight", MF_ROLE_HEAD, -1, 2, d->Vp, C, d->V, 1);
+    }
 }
 
 int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
@@ -340,8 +349,14 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             return mf_fail("lora: --precision %s is not supported with LoRA yet (use fp32 compute; --base_dtype stores the "
                            "frozen base in bf16, int8 or nf4)", opt->compute == MF_DTYPE_BF16 ? "bf16" : "fp16");
     }
+    int llama = d->arch == MF_ARCH_LLAMA;
+    if (llama && lora && lora->r > 0) return mf_fail("lora: adapters on Llama-family models are not supported yet (full fine-tuning is)");
+    if (llama && mode == MF_MODE_TRAIN && opt->compute != MF_DTYPE_F32)
+        return mf_fail("precision %s: Llama-family models train in fp32 only so far (use --precision fp32)",
+                       opt->compute == MF_DTYPE_BF16 ? "bf16" : "fp16");
     m->lora_u = m->lora_du = m->lora_xf = m->lora_xb = m->qscr_f = m->qscr_b = -1;
     m->comm = -1;
+    m->rope = -1;
     m->pf_first = -1;
     const char *pf = getenv("MEMFIT_ZERO_PREFETCH");
     m->prefetch = !(pf && strcmp(pf, "0") == 0);
@@ -375,8 +390,10 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (plan->n_phases != m->n_phases) return mf_fail("plan has %d phases, model needs %d", plan->n_phases, m->n_phases);
     int L = d->L;
     int64_t C = d->C, N = (int64_t)B * T, NH = d->NH;
+    /* widths: q|k|v rows, attention output, MLP hidden */
+    int64_t QKV = (int64_t)(d->NH + 2 * d->NKV) * d->hd, AO = (int64_t)d->NH * d->hd, I = d->ffn;
     int nlora = m->lora.r > 0 ? 2 * L * mf_lora_n_targets(&m->lora) : 0;
-    m->tensors = calloc((size_t)(2 + L * MF_LAYER_TENSORS + 2 + nlora), sizeof *m->tensors);
+    m->tensors = calloc((size_t)(2 + L * MF_LAYER_TENSORS + 3 + nlora), sizeof *m->tensors);
     m->res = calloc(2 * ((size_t)L + 1), sizeof *m->res);
     m->rres = m->res ? m->res + L + 1 : NULL;
     m->acts = calloc(2 * (size_t)L, sizeof *m->acts);
@@ -386,8 +403,14 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     int train = mode == MF_MODE_TRAIN, last = m->n_phases - 1;
 
     /* weights (and in training their gradients and AdamW moments) */
-    add_tensor(m, &ad, "wte.weight", -1, 2, d->Vp, C, d->V, 1);
-    add_tensor(m, &ad, "wpe.weight", -1, 2, d->maxT, C, d->maxT, 1);
+    m->t_emb = 0;
+    m->t_pos = m->t_head = -1;
+    if (llama) declare_llama_tensors(m, &ad);
+    else {
+    add_tensor_role(m, &ad, "wte.weight", MF_ROLE_EMB, -1, 2, d->Vp, C, d->V, 1);
+    m->t_pos = m->n_tensors;
+    add_tensor_role(m, &ad, "wpe.weight", MF_ROLE_POS, -1, 2, d->maxT, C, d->maxT, 1);
+    m->t_layer0 = m->n_tensors, m->nlt = MF_LAYER_TENSORS;
     for (int l = 0; l < L; l++) {
         char nm[48];
 #define LT(suffix, nd, a0, a1, dec) \
@@ -406,8 +429,10 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         LT("mlp.c_proj.bias", 1, C, 0, 0);
 #undef LT
     }
-    add_tensor(m, &ad, "ln_f.weight", -1, 1, C, 0, C, 0);
-    add_tensor(m, &ad, "ln_f.bias", -1, 1, C, 0, C, 0);
+    m->t_normf = m->n_tensors, m->n_normf = 2;
+    add_tensor_role(m, &ad, "ln_f.weight", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
+    add_tensor_role(m, &ad, "ln_f.bias", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
+    }
     /* LoRA adapters, as PEFT stores them: lora_A (r, in), lora_B (out, r) */
     m->lora_first = m->n_tensors;
     for (int l = 0; l < L && nlora; l++)
@@ -498,23 +523,28 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
          * kept in 16 bits; the attention output stays fp32 (the attention
          * backward reads it) and is rounded into in16 for its GEMM */
         const mf_dtype F = MF_DTYPE_F32, H = m->cdt;
+        /* (Llama: RMSNorm keeps no mean; fch is the gate projection,
+         * up the up projection, fch_gelu silu(gate) * up, in place on the
+         * gate's row when the whole block is rebuilt) */
+        A->ln1_mean = R->ln1_mean = A->ln2_mean = R->ln2_mean = A->up = R->up = -1;
         ACT(ln1, 1, -1, H, 2, N, C, 0, 0);
-        ACT(ln1_mean, 0, -1, F, 1, N, 0, 0, 0);
+        if (!llama) { ACT(ln1_mean, 0, -1, F, 1, N, 0, 0, 0); }
         ACT(ln1_rstd, 0, -1, F, 1, N, 0, 0, 0);
-        ACT(qkv, 0, -1, F, 2, N, 3 * C, 0, 0);
+        ACT(qkv, 0, -1, F, 2, N, QKV, 0, 0);
         ACT(lse, 0, -1, F, 3, B, NH, T, 0);
-        ACT(atty, 0, A->ln1, F, 2, N, C, 0, 0);
+        ACT(atty, 0, A->ln1 >= 0 && plan->bufs[A->ln1].bytes >= (size_t)(N * AO * 4) ? A->ln1 : -1, F, 2, N, AO, 0, 0);
         ACT(xmid, 0, -1, F, 2, N, C, 0, 0);
         ACT(ln2, 1, A->ln1, H, 2, N, C, 0, 0);
-        ACT(ln2_mean, 0, -1, F, 1, N, 0, 0, 0);
+        if (!llama) { ACT(ln2_mean, 0, -1, F, 1, N, 0, 0, 0); }
         ACT(ln2_rstd, 0, -1, F, 1, N, 0, 0, 0);
-        ACT(fch, 0, -1, F, 2, N, 4 * C, 0, 0);
-        ACT(fch_gelu, 1, whole ? A->fch : -1, H, 2, N, 4 * C, 0, 0);
+        ACT(fch, 0, -1, F, 2, N, I, 0, 0);
+        if (llama) { ACT(up, 0, -1, F, 2, N, I, 0, 0); }
+        ACT(fch_gelu, 1, whole ? A->fch : -1, H, 2, N, I, 0, 0);
 #undef ACT
     }
     int hf = mf_phase_head_fwd(m), hb = train ? mf_phase_head_bwd(m) : hf;
     m->lnf = add(&ad, "act.ln_f", MF_CAT_ACTS, m->cdt, 2, N, C, 0, 0, hf, hb, -1);
-    m->lnf_mean = add(&ad, "act.ln_f_mean", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
+    m->lnf_mean = llama ? -1 : add(&ad, "act.ln_f_mean", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
     m->lnf_rstd = add(&ad, "act.ln_f_rstd", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
     /* the classifier and its loss run a chunk of rows at a time, backward
      * included, so at most chunk_rows x Vp logits exist, only in this phase */
@@ -535,14 +565,23 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         /* one layer's worth of activation gradients, reused down the stack */
         int h0 = mf_phase_head_bwd(m), l0 = mf_phase_layer_bwd(m, L - 1), l1 = mf_phase_layer_bwd(m, 0);
         m->dres = add(&ad, "work.dresidual", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, h0, mf_phase_emb_bwd(m), -1);
-        m->dln = add(&ad, "work.dln", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, hf, l1, -1);
-        m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, 4 * C, 0, 0, l0, l1, -1);
-        m->dqkv = add(&ad, "work.dqkv", MF_CAT_WORK, MF_DTYPE_F32, 2, N, 3 * C, 0, 0, l0, l1, -1);
+        m->dln = add(&ad, "work.dln", MF_CAT_WORK, MF_DTYPE_F32, 2, N, AO > C ? AO : C, 0, 0, hf, l1, -1);
+        m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, I, 0, 0, l0, l1, -1);
+        m->dqkv = add(&ad, "work.dqkv", MF_CAT_WORK, MF_DTYPE_F32, 2, N, QKV, 0, 0, l0, l1, -1);
         /* sized for the model's longest sequence, not T, so a batch of
          * longer sequences (fewer rows) fits the plan: the trainer's
          * run-time split (mf_model_fits); nthreads x (block_size - T) floats */
         m->attn_scratch = add(&ad, "work.attn_bwd", MF_CAT_WORK, MF_DTYPE_F32, 1,
-                              (int64_t)mf_flash_attention_scratch_floats(d->maxT, d->C / d->NH, nthreads), 0, 0, 0, l0, l1, -1);
+                              (int64_t)mf_flash_attention_scratch_floats(d->maxT, d->hd, nthreads), 0, 0, 0, l0, l1, -1);
+    }
+    if (llama) {
+        /* rotary cos/sin for the positions a forward can have (the run-time
+         * guard allows fewer, longer sequences up to B x T tokens); filled
+         * in the embedding phase, read by every block, forward and backward */
+        int64_t tmax = N < d->maxT ? N : d->maxT;
+        m->rope_T = (int)tmax;
+        int lastr = train ? mf_phase_layer_bwd(m, 0) : mf_phase_layer_fwd(m, L - 1);
+        m->rope = add(&ad, "work.rope", MF_CAT_WORK, MF_DTYPE_F32, 2, tmax, d->hd, 0, 0, mf_phase_emb_fwd(m), lastr, -1);
     }
     if (nlora) {
         /* LoRA scratch: the low-rank product (rebuilt in backward, so no
@@ -631,7 +670,7 @@ void mf_model_zero_state(const mf_model *m, const mf_arena *a, const mf_tensor *
 int mf_tensor_weights_row(const mf_tensor *t) { return t->mw >= 0 ? t->mw : t->p; }
 
 int mf_tensor_is16(const mf_model *m, const mf_tensor *t) {
-    return m->cdt != MF_DTYPE_F32 && t->ndim == 2 && strcmp(t->name, "wpe.weight") != 0;
+    return m->cdt != MF_DTYPE_F32 && t->ndim == 2 && t->role != MF_ROLE_POS;
 }
 
 void mf_model_sync_params(const mf_model *m, const mf_arena *a, int first, int n) {
@@ -677,7 +716,8 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
         }
         int64_t lo = t->ps >= 0 ? t->lo : 0, hi = t->ps >= 0 ? t->hi : t->numel;
         const char *nm = t->name;
-        int is_ln_w = strstr(nm, "ln_") && strstr(nm, ".weight");
+        /* norms' weights: GPT-2's ln_*.weight, Llama's *norm.weight */
+        int is_ln_w = (strstr(nm, "ln_") && strstr(nm, ".weight")) || strstr(nm, "norm.weight");
         if (is_ln_w) for (int64_t k = lo; k < hi; k++) put_w(m, t, p, k, 1.0f);
         else if (t->ndim == 1) for (int64_t k = lo; k < hi; k++) put_w(m, t, p, k, 0.0f);
         else {
@@ -687,7 +727,7 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
                 if (k >= lo && k < hi) put_w(m, t, p, k, v);
             }
         }
-        if (strcmp(nm, "wte.weight") == 0) /* padding rows stay zero */
+        if (t->role == MF_ROLE_EMB || t->role == MF_ROLE_HEAD) /* padding rows stay zero */
             for (int64_t k = t->rows_file * t->shape[1]; k < t->numel; k++)
                 if (k >= lo && k < hi) put_w(m, t, p, k, 0.0f);
         mf_model_sync_params(m, a, i, 1);
@@ -731,10 +771,13 @@ static void grads_done(mf_model *m, int first, int n) {
 #define P(l, k) tensor_p(m, a, 2 + (l) * MF_LAYER_TENSORS + (k))
 #define G(l, k) tensor_g(m, a, 2 + (l) * MF_LAYER_TENSORS + (k))
 #define BUF(id) ((float *)mf_arena_get(a, (id)))
+#define tensor_p mf_model_tensor_p
+#define tensor_g mf_model_tensor_g
+#define gelu_out mf_model_mlp_out
 enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB };
 
 /* Tensor i's gradient (NULL for a frozen base weight under LoRA). */
-static float *tensor_g(mf_model *m, mf_arena *a, int i) {
+float *mf_model_tensor_g(mf_model *m, mf_arena *a, int i) {
     return m->tensors[i].g >= 0 ? mf_arena_get(a, m->tensors[i].g) : NULL;
 }
 /* LoRA hooks around target k's matmul (nothing when k has no adapter) */
@@ -744,7 +787,7 @@ static float *tensor_g(mf_model *m, mf_arena *a, int i) {
 
 /* Tensor i's parameters; under ZeRO 3 the row gathered for this phase
  * (backward has its own). */
-static float *tensor_p(mf_model *m, mf_arena *a, int i) {
+float *mf_model_tensor_p(mf_model *m, mf_arena *a, int i) {
     const mf_tensor *x = &m->tensors[i];
     return mf_arena_get(a, x->pb >= 0 && a->phase >= mf_phase_head_bwd(m) ? x->pb : x->p);
 }
@@ -790,16 +833,16 @@ static void params_need(mf_model *m, mf_arena *a, int first, int n) {
 /* ZeRO 3: starts gathering block l's parameters (for the next phase: the
  * block above in forward, below in backward) while this phase computes */
 static void params_prefetch(mf_model *m, mf_arena *a, int l) {
-    int first = 2 + l * MF_LAYER_TENSORS;
+    int first = m->t_layer0 + l * m->nlt;
     if (l < 0 || l >= m->d.L || !m->prefetch || m->tensors[first].ps < 0 || m->comm_err) return;
-    if (mf_zero_params_prefetch(m, a, first, MF_LAYER_TENSORS)) m->comm_err = 1;
+    if (mf_zero_params_prefetch(m, a, first, m->nlt)) m->comm_err = 1;
     else m->pf_first = first;
 }
 
 
 /* The GELU output backward reads: its row, or work.dmlp when it is rebuilt
  * right before the layer's backward (see the plan). */
-static float *gelu_out(mf_model *m, mf_arena *a, const mf_layer_acts *A) {
+float *mf_model_mlp_out(mf_model *m, mf_arena *a, const mf_layer_acts *A) {
     return A->fch_gelu >= 0 ? BUF(A->fch_gelu) : BUF(m->dbig);
 }
 
@@ -821,10 +864,14 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
     const int *res = recompute ? m->rres : m->res;
     if (!recompute) {
         mf_arena_phase(a, mf_phase_layer_fwd(m, l));
-        params_need(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
+        params_need(m, a, m->t_layer0 + l * m->nlt, m->nlt);
         params_prefetch(m, a, l + 1);
     }
     sgemm_scratch(m, a);
+    if (m->d.arch == MF_ARCH_LLAMA) {
+        mf_llama_block_forward(m, a, l, B, T, recompute, write_out);
+        return;
+    }
     float *x = BUF(res[l]);
     float *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *lse = BUF(A->lse), *atty = BUF(A->atty);
     float *ln2 = BUF(A->ln2), *fch = BUF(A->fch), *fchg = gelu_out(m, a, A);
@@ -886,8 +933,8 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
 }
 
 #define WTE 0
-#define WPE 1
-#define LNF_W (2 + m->d.L * MF_LAYER_TENSORS)
+#define WPE (m->t_pos)
+#define LNF_W (m->t_normf)
 #define LNF_B (LNF_W + 1)
 
 int mf_model_fits(const mf_model *m, int B, int T) {
@@ -897,8 +944,8 @@ int mf_model_fits(const mf_model *m, int B, int T) {
     int64_t N = (int64_t)B * T, C = m->d.C;
     /* the row-linear buffers hold N rows; what else depends on the shape */
     if (m->attn_scratch >= 0 &&
-        mf_flash_attention_scratch_floats(T, m->d.C / m->d.NH, m->nthreads) >
-            mf_flash_attention_scratch_floats(m->d.maxT, m->d.C / m->d.NH, m->nthreads))
+        mf_flash_attention_scratch_floats(T, m->d.hd, m->nthreads) >
+            mf_flash_attention_scratch_floats(m->d.maxT, m->d.hd, m->nthreads))
         return 0;
     if (m->gemm_scratch >= 0 && gemm_scratch_need(m, (int)N) > m->gemm_scratch_bytes) return 0;
     if (m->qscr_f >= 0) {
@@ -914,16 +961,23 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     if (!mf_model_fits(m, B, T)) mf_panic("forward on %dx%d does not fit the planned %dx%d", B, T, m->B, m->T);
     int C = m->d.C, N = B * T, L = m->d.L;
     m->lora_drop = m->lora.r > 0 && m->lora.dropout > 0 && use_targets && dscale != 0.0f && m->mode == MF_MODE_TRAIN;
+    int llama = m->d.arch == MF_ARCH_LLAMA;
     mf_arena_phase(a, mf_phase_emb_fwd(m));
-    params_need(m, a, WTE, 2);
+    params_need(m, a, WTE, llama ? 1 : 2);
     params_prefetch(m, a, 0);
     const int32_t *inp = mf_arena_get(a, m->inputs);
     int h16 = m->cdt != MF_DTYPE_F32;
-    if (h16) mf_encoder_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, tensor_p(m, a, WPE), B, T, C);
+    if (llama) {
+        mf_embed_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), N, C);
+        mf_llama_rope_fill(m, a, T);
+    } else if (h16) mf_encoder_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, tensor_p(m, a, WPE), B, T, C);
     else mf_encoder_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), tensor_p(m, a, WPE), B, T, C);
     for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T, 0, 1);
     mf_arena_phase(a, mf_phase_head_fwd(m));
-    params_need(m, a, LNF_W, 2);
+    params_need(m, a, LNF_W, m->n_normf);
+    /* the output head: the embedding (tied) or lm_head */
+    int HW = m->t_head >= 0 ? m->t_head : WTE;
+    if (HW != WTE) params_need(m, a, HW, 1);
     float *lnf = BUF(m->lnf), *logits = BUF(m->logits);
     mf_dtype dt = m->cdt;
     /* 16-bit: ln_f's output, rows of C 16-bit values */
@@ -931,11 +985,12 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     void *gs = h16 ? mf_arena_get(a, m->gemm_scratch) : NULL;
     size_t gb = m->gemm_scratch_bytes;
     sgemm_scratch(m, a);
-    if (h16) mf_layernorm_forward16(lnf, dt, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
+    if (llama) mf_rmsnorm_forward(lnf, BUF(m->lnf_rstd), BUF(m->res[L]), tensor_p(m, a, LNF_W), N, C, m->d.eps);
+    else if (h16) mf_layernorm_forward16(lnf, dt, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
                                     tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
     else mf_layernorm_forward(lnf, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
                               tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
-    const float *wte = tensor_p(m, a, WTE);
+    const float *wte = tensor_p(m, a, HW);
     int R = m->chunk_rows, Vp = m->d.Vp;
     if (!use_targets) {
         /* sampling: every row if they fit at once, else each sequence's last */
@@ -954,8 +1009,8 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     }
     if (dscale != 0.0f && m->mode != MF_MODE_TRAIN) mf_panic("training forward on a forward-only plan");
     const int32_t *tgt = mf_arena_get(a, m->targets);
-    if (dscale != 0.0f) grads_start(m, a, WTE, 1);
-    float *losses = BUF(m->losses), *dln = dscale != 0.0f ? BUF(m->dln) : NULL, *dwte = dln ? tensor_g(m, a, WTE) : NULL;
+    if (dscale != 0.0f) grads_start(m, a, HW, 1);
+    float *losses = BUF(m->losses), *dln = dscale != 0.0f ? BUF(m->dln) : NULL, *dwte = dln ? tensor_g(m, a, HW) : NULL;
     double sum = 0;
     void *dl16 = h16 && dln ? mf_arena_get(a, m->dlogits16) : NULL;
     for (int r0 = 0; r0 < N; r0 += R) {
@@ -979,6 +1034,7 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
         sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
         if (dln) mf_classifier_backward(dln + (size_t)r0 * C, dwte, logits, x, wte, rows, C, Vp);
     }
+    if (dln && HW != WTE) grads_done(m, HW, 1);  /* an untied head's gradient is complete */
     m->logits_all = 0;
     mf_sgemm_scratch(NULL, 0);
     return sum / N;
@@ -987,21 +1043,25 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
 void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     if (m->mode != MF_MODE_TRAIN) mf_panic("backward on a forward-only plan");
     int C = m->d.C, NH = m->d.NH, N = B * T, L = m->d.L;
+    int llama = m->d.arch == MF_ARCH_LLAMA;
     mf_arena_phase(a, mf_phase_head_bwd(m));
-    params_need(m, a, LNF_W, 2);
+    params_need(m, a, LNF_W, m->n_normf);
     params_prefetch(m, a, L - 1);
     /* the classifier's backward ran with the loss; dln holds d(ln_f output) */
     float *dln = BUF(m->dln), *dres = BUF(m->dres);
     memset(dres, 0, (size_t)N * C * sizeof(float));
-    grads_start(m, a, LNF_W, 2);
-    mf_layernorm_backward(dres, tensor_g(m, a, LNF_W), tensor_g(m, a, LNF_B), dln, BUF(m->res[L]),
-                          tensor_p(m, a, LNF_W), BUF(m->lnf_mean), BUF(m->lnf_rstd), N, C);
-    grads_done(m, LNF_W, 2);
+    grads_start(m, a, LNF_W, m->n_normf);
+    if (llama)
+        mf_rmsnorm_backward(dres, tensor_g(m, a, LNF_W), dln, BUF(m->res[L]), tensor_p(m, a, LNF_W), BUF(m->lnf_rstd), N, C);
+    else
+        mf_layernorm_backward(dres, tensor_g(m, a, LNF_W), tensor_g(m, a, LNF_B), dln, BUF(m->res[L]),
+                              tensor_p(m, a, LNF_W), BUF(m->lnf_mean), BUF(m->lnf_rstd), N, C);
+    grads_done(m, LNF_W, m->n_normf);
     for (int l = L - 1; l >= 0; l--) {
         mf_arena_phase(a, mf_phase_layer_bwd(m, l));
-        params_need(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
+        params_need(m, a, m->t_layer0 + l * m->nlt, m->nlt);
         params_prefetch(m, a, l - 1);
-        grads_start(m, a, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
+        grads_start(m, a, m->t_layer0 + l * m->nlt, m->nlt);
         sgemm_scratch(m, a);
         int sg = m->seg, s0 = sg ? l / sg * sg : 0;
         if (sg && l == (s0 + sg - 1 < L - 1 ? s0 + sg - 1 : L - 1)) {
@@ -1010,6 +1070,11 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
             for (int k = s0; k <= l; k++) layer_forward(m, a, k, B, T, 1, k < l);
         }
         if (l < m->auto_k) layer_forward(m, a, l, B, T, 1, 0);
+        if (llama) {
+            mf_llama_block_backward(m, a, l, B, T);
+            grads_done(m, m->t_layer0 + l * m->nlt, m->nlt);
+            continue;
+        }
         const mf_layer_acts *A = &m->racts[l];
         if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE && m->cdt != MF_DTYPE_F32) {
             mf_dtype dt = m->cdt;
@@ -1042,7 +1107,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
             mf_matmul16_backward(dt, dln, G(l, QKVW), G(l, QKVB), dqkv, d16, BUF(A->ln1), P(l, QKVW), N, C, 3 * C, gs, gb);
             mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->rres[l]), P(l, LN1W),
                                   BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
-            grads_done(m, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
+            grads_done(m, m->t_layer0 + l * m->nlt, m->nlt);
             continue;
         }
         /* MLP: out = xmid + gelu(ln2 @ Wfc + b) @ Wfcp + b; the GELU output
@@ -1068,14 +1133,21 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
         LORA_BWD_X(MF_LORA_ATTN_C_ATTN, dln);
         mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->rres[l]), P(l, LN1W),
                               BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
-        grads_done(m, 2 + l * MF_LAYER_TENSORS, MF_LAYER_TENSORS);
+        grads_done(m, m->t_layer0 + l * m->nlt, m->nlt);
     }
     mf_sgemm_scratch(NULL, 0);
     mf_arena_phase(a, mf_phase_emb_bwd(m));
+    if (llama) {
+        /* untied: the embedding's gradient starts here */
+        if (m->t_head >= 0) grads_start(m, a, WTE, 1);
+        if (!m->tensors[WTE].frozen) mf_embed_backward(tensor_g(m, a, WTE), dres, mf_arena_get(a, m->inputs), N, C);
+        grads_done(m, WTE, 1);
+    } else {
     grads_start(m, a, WPE, 1);
     if (!m->tensors[WTE].frozen)
         mf_encoder_backward(tensor_g(m, a, WTE), tensor_g(m, a, WPE), dres, mf_arena_get(a, m->inputs), B, T, C);
     grads_done(m, WTE, 2);
+    }
 }
 
 const float *mf_model_logits(mf_model *m, mf_arena *a, int T, int b, int t) {

@@ -1,0 +1,152 @@
+/* Model families as data: the preset table, the shape a run gets from its
+ * config (preset, Hugging Face config.json, overrides), and the counts that
+ * follow from a shape (parameters as HF counts them, GEMM weights per block,
+ * attention FLOPs). One place for each formula: the planner's time model,
+ * the profile and the report read them from here. */
+#include "memfit/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define GPT2(L_, C_, H_, T_, V_) \
+    {.arch = MF_ARCH_GPT2, .L = L_, .C = C_, .NH = H_, .maxT = T_, .V = V_, .NKV = H_, .hd = C_ / H_, .ffn = 4 * C_, \
+     .tied = 1, .eps = 1e-5f, .hf_arch = "GPT2LMHeadModel"}
+/* Llama-family shapes from the models' config.json files (HF hub) */
+#define LLAMA(arch_, L_, C_, H_, KV_, hd_, I_, V_, T_, tied_, bias_, win_, eps_, theta_) \
+    {.arch = MF_ARCH_LLAMA, .L = L_, .C = C_, .NH = H_, .NKV = KV_, .hd = hd_, .ffn = I_, .V = V_, .maxT = T_, \
+     .tied = tied_, .qkv_bias = bias_, .window = win_, .eps = eps_, .rope_theta = theta_, .hf_arch = arch_}
+#define LLAMA3_SCALING(f) {.type = MF_ROPE_LLAMA3, .factor = f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, \
+                           .original_max_position_embeddings = 8192}
+
+static mf_preset presets[] = {
+    {"gpt2-1m", GPT2(5, 128, 4, 128, 256), "bytes", "1.0M params, byte-level vocabulary; quick tests and demos"},
+    {"gpt2-10m", GPT2(6, 160, 5, 256, 50257), "gpt2", "9.9M params, GPT-2 BPE; the default"},
+    {"gpt2-124m", GPT2(12, 768, 12, 1024, 50257), "gpt2", "GPT-2 small (124,439,808 params)"},
+    {"gpt2-350m", GPT2(24, 1024, 16, 1024, 50257), "gpt2", "GPT-2 medium (354,823,168 params)"},
+    {"llama-tiny", LLAMA("LlamaForCausalLM", 2, 64, 8, 2, 8, 160, 256, 256, 0, 0, 0, 1e-5f, 10000.0), "bytes",
+     "Llama block, 8 query / 2 KV heads, untied head, byte vocabulary; tests"},
+    {"smollm2-135m", LLAMA("LlamaForCausalLM", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1, 0, 0, 1e-5f, 100000.0), "gpt2",
+     "SmolLM2-135M (134,515,008 params), tied"},
+    {"qwen2.5-0.5b", LLAMA("Qwen2ForCausalLM", 24, 896, 14, 2, 64, 4864, 151936, 32768, 1, 1, 0, 1e-6f, 1000000.0),
+     "gpt2", "Qwen2.5-0.5B (494,032,768 params), q/k/v biases, tied"},
+    {"llama-3.2-1b", LLAMA("LlamaForCausalLM", 16, 2048, 32, 8, 64, 8192, 128256, 131072, 1, 0, 0, 1e-5f, 500000.0),
+     "gpt2", "Llama 3.2 1B (1,235,814,400 params), llama3 rope scaling, tied"},
+    {"tinyllama-1.1b", LLAMA("LlamaForCausalLM", 22, 2048, 32, 4, 64, 5632, 32000, 2048, 0, 0, 0, 1e-5f, 10000.0),
+     "gpt2", "TinyLlama 1.1B (1,100,048,384 params), untied"},
+    {"mistral-7b", LLAMA("MistralForCausalLM", 32, 4096, 32, 8, 128, 14336, 32000, 32768, 0, 0, 4096, 1e-5f, 10000.0),
+     "gpt2", "Mistral 7B v0.1 (7,241,732,096 params), sliding window 4096; estimate and planning"},
+};
+
+const mf_preset *mf_model_presets(int *n) {
+    static int scaled;
+    if (!scaled) {  /* designated initialisers cannot nest a struct in the macro above */
+        for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+            if (strcmp(presets[i].name, "llama-3.2-1b") == 0) presets[i].d.rope = (mf_rope_scaling)LLAMA3_SCALING(32.0f);
+        scaled = 1;
+    }
+    *n = (int)(sizeof presets / sizeof presets[0]);
+    return presets;
+}
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return p[0] && stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int mf_model_dims_check(mf_dims *d) {
+    if (d->L < 1 || d->C < 1 || d->NH < 1 || d->maxT < 1 || d->V < 2)
+        return mf_fail("model dimensions must be positive (n_layer %d, n_embd %d, n_head %d, block_size %d, vocab %d)",
+                       d->L, d->C, d->NH, d->maxT, d->V);
+    if (d->arch == MF_ARCH_GPT2) {
+        if (d->C % d->NH) return mf_fail("n_head %d does not divide n_embd %d", d->NH, d->C);
+        d->NKV = d->NH, d->hd = d->C / d->NH, d->ffn = 4 * d->C, d->tied = 1, d->qkv_bias = 0, d->window = 0;
+        if (d->V > 65535 + 1) return mf_fail("vocab_size %d too large: token files hold 16-bit ids", d->V);
+    } else {
+        if (d->NKV < 1 || d->hd < 1 || d->ffn < 1)
+            return mf_fail("model dimensions must be positive (num_key_value_heads %d, head_dim %d, intermediate_size %d)",
+                           d->NKV, d->hd, d->ffn);
+        if (d->NH % d->NKV)
+            return mf_fail("num_key_value_heads %d does not divide num_attention_heads %d (grouped-query attention)",
+                           d->NKV, d->NH);
+        if (d->hd % 2) return mf_fail("head_dim %d is odd: rotary embeddings rotate pairs of dimensions", d->hd);
+        if (d->window < 0) return mf_fail("sliding_window %d is negative", d->window);
+        if (!(d->eps > 0) || !(d->rope_theta > 0)) return mf_fail("rms_norm_eps and rope_theta must be positive");
+        if (d->rope.type == MF_ROPE_LLAMA3 &&
+            (!(d->rope.factor > 0) || !(d->rope.high_freq_factor > d->rope.low_freq_factor) ||
+             d->rope.original_max_position_embeddings < 1))
+            return mf_fail("rope_scaling llama3 needs factor > 0, high_freq_factor > low_freq_factor and "
+                           "original_max_position_embeddings >= 1");
+    }
+    d->Vp = (d->V + 63) / 64 * 64;
+    return 0;
+}
+
+int mf_model_dims(const mf_config *cfg, mf_dims *d) {
+    int np;
+    const mf_preset *ps = mf_model_presets(&np), *p = NULL;
+    memset(d, 0, sizeof *d);
+    const char *tokdef = NULL;
+    if (is_dir(cfg->init)) {
+        /* a Hugging Face folder: its config.json is the shape */
+        if (mf_hf_read_config(cfg->init, d)) return -1;
+        tokdef = "gpt2";
+    } else {
+        for (int i = 0; i < np; i++) if (strcmp(ps[i].name, cfg->model) == 0) p = &ps[i];
+        if (!p) {
+            char list[512] = "";
+            for (int i = 0; i < np; i++) {
+                strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+                strncat(list, ps[i].name, sizeof list - strlen(list) - 1);
+            }
+            return mf_fail("unknown model preset '%s' (presets: %s)", cfg->model, list);
+        }
+        *d = p->d;
+        tokdef = p->tokenizer;
+    }
+    if (cfg->n_layer) d->L = cfg->n_layer;
+    if (cfg->n_embd) d->C = cfg->n_embd;
+    if (cfg->n_head) d->NH = cfg->n_head;
+    if (cfg->n_kv_head) d->NKV = cfg->n_kv_head;
+    if (cfg->intermediate_size) d->ffn = cfg->intermediate_size;
+    /* a narrower or wider Llama takes C / heads as its head dimension */
+    if (d->arch == MF_ARCH_LLAMA && (cfg->n_embd || cfg->n_head)) {
+        if (d->C % d->NH) return mf_fail("n_head %d does not divide n_embd %d", d->NH, d->C);
+        d->hd = d->C / d->NH;
+    }
+    if (cfg->block_size) d->maxT = cfg->block_size;
+    snprintf(d->tokenizer, sizeof d->tokenizer, "%s", cfg->tokenizer[0] ? cfg->tokenizer : tokdef);
+    int tokv = strcmp(d->tokenizer, "bytes") == 0 ? 256 : 50257;
+    /* GPT-2: a tokenizer change without an explicit vocabulary takes the
+     * tokenizer's; a Llama's vocabulary is its embedding's, whatever
+     * tokenizer feeds it */
+    if (cfg->vocab_size) d->V = cfg->vocab_size;
+    else if (d->arch == MF_ARCH_GPT2 && cfg->tokenizer[0]) d->V = tokv;
+    if (mf_model_dims_check(d)) return -1;
+    if (d->V < tokv) return mf_fail("vocab_size %d is smaller than the %s tokenizer's %d", d->V, d->tokenizer, tokv);
+    return 0;
+}
+
+int64_t mf_model_block_matmul_params(const mf_dims *d) {
+    int64_t C = d->C, q = (int64_t)d->NH * d->hd, kv = (int64_t)d->NKV * d->hd;
+    if (d->arch == MF_ARCH_GPT2) return 12 * C * C;
+    return C * (q + 2 * kv) + q * C + 3 * C * (int64_t)d->ffn;
+}
+
+double mf_model_attention_flops(const mf_dims *d, int B, int T) {
+    /* causal: about T^2/2 scores per head; a window w < T keeps w per row
+     * after the first w rows */
+    double keys = d->window > 0 && d->window < T ? (double)d->window * T - (double)d->window * (d->window - 1) / 2
+                                                 : (double)T * T / 2;
+    return 2.0 * 2.0 * B * d->NH * keys * d->hd;
+}
+
+int64_t mf_model_n_params(const mf_dims *d) {
+    int64_t C = d->C;
+    if (d->arch == MF_ARCH_GPT2)
+        return (int64_t)d->V * C + (int64_t)d->maxT * C + d->L * (12 * C * C + 13 * C) + 2 * C;
+    int64_t blk = mf_model_block_matmul_params(d) + 2 * C +
+                  (d->qkv_bias ? (int64_t)(d->NH + 2 * d->NKV) * d->hd : 0);
+    return (int64_t)d->V * C * (d->tied ? 1 : 2) + d->L * blk + C;
+}

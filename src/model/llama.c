@@ -1,0 +1,147 @@
+/* The Llama block (Llama 2/3, Qwen2, Mistral, SmolLM2, TinyLlama), fp32:
+ *
+ *   ln1  = RMSNorm(x)                                   (N,C)   rstd (N)
+ *   qkv  = [ln1 Wq^T + bq | ln1 Wk^T + bk | ln1 Wv^T + bv] (N,QKV), then RoPE on q, k
+ *   atty = GQA attention(qkv), causal, optional window     (N,AO)  lse (B,NH,T)
+ *   xmid = x + atty Wo^T                                 (N,C)
+ *   ln2  = RMSNorm(xmid)                                 (N,C)   rstd (N)
+ *   gate = ln2 Wg^T, up = ln2 Wu^T                       (N,I) each
+ *   h    = silu(gate) * up                               (N,I)
+ *   out  = xmid + h Wd^T                                 (N,C)
+ *
+ * Weights are nn.Linear (out, in), as Hugging Face stores them, so every
+ * product is y = x W^T: the GEMMs take W transposed instead of the files
+ * being rewritten. q, k and v are three tensors (three GEMMs writing
+ * column ranges of one qkv row), so HF names, LoRA targets and ZeRO shards
+ * stay one per tensor. The activation rows (fields of mf_layer_acts) are
+ * GPT-2's: fch is the gate, fch_gelu h, up the up projection; the plan
+ * (gpt2.c) sizes them from the dims. RoPE is applied in place after the q/k
+ * GEMMs, so qkv is kept rotated (what attention's backward needs); the
+ * backward rotates dq and dk back before the projections' backward.
+ */
+#include "internal.h"
+
+#include <omp.h>
+#include <string.h>
+
+#define BUF(id) ((float *)mf_arena_get(a, (id)))
+#define LP(l, k) mf_model_tensor_p(m, a, m->t_layer0 + (l) * m->nlt + m->lt[k])
+#define LG(l, k) mf_model_tensor_g(m, a, m->t_layer0 + (l) * m->nlt + m->lt[k])
+/* an optional tensor (the q/k/v biases) */
+#define LPO(l, k) (m->lt[k] >= 0 ? LP(l, k) : NULL)
+#define LGO(l, k) (m->lt[k] >= 0 ? LG(l, k) : NULL)
+
+/* y (N rows of ldy; OC columns written) = beta * y + x (N,K) W^T + bias,
+ * W (OC,K) */
+static void lin_fwd(float *y, int ldy, const float *x, const float *W, const float *bias, int N, int K, int OC,
+                    float beta) {
+    mf_sgemm(0, 1, N, OC, K, 1.0f, x, K, W, K, beta, y, ldy);
+    if (!bias) return;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *r = y + (size_t)n * ldy;
+        for (int o = 0; o < OC; o++) r[o] += bias[o];
+    }
+}
+
+/* The backward of lin_fwd for dy (N rows of ldy, OC columns):
+ * dW (OC,K) += dy^T x, db (OC) += column sums of dy (each NULL: skipped),
+ * then dx (N,K) = beta * dx + dy W. dW goes first, so x may be dx's buffer. */
+static void lin_bwd(float *dx, float beta, float *dW, float *db, const float *dy, int ldy, const float *x,
+                    const float *W, int N, int K, int OC) {
+    if (dW) mf_sgemm(1, 0, OC, K, N, 1.0f, dy, ldy, x, K, 1.0f, dW, K);
+    if (db) {
+        /* per column, rows in order: the same sums whatever the threads */
+#pragma omp parallel for schedule(static)
+        for (int o = 0; o < OC; o++) {
+            float s = 0.0f;
+            for (int n = 0; n < N; n++) s += dy[(size_t)n * ldy + o];
+            db[o] += s;
+        }
+    }
+    mf_sgemm(0, 0, N, K, OC, 1.0f, dy, ldy, W, K, beta, dx, K);
+}
+
+void mf_embed_forward(float *out, const int32_t *inp, const float *wte, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, wte + (size_t)inp[n] * C, (size_t)C * sizeof(float));
+}
+
+void mf_embed_backward(float *dwte, const float *dout, const int32_t *inp, int N, int C) {
+    /* threads own column ranges and walk the rows in order: no races, and
+     * a token's rows add up in the same order whatever the thread count */
+#pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        int c0 = (int)((int64_t)C * t / nt), c1 = (int)((int64_t)C * (t + 1) / nt);
+        for (int n = 0; n < N; n++) {
+            float *d = dwte + (size_t)inp[n] * C;
+            const float *g = dout + (size_t)n * C;
+            for (int c = c0; c < c1; c++) d[c] += g[c];
+        }
+    }
+}
+
+void mf_llama_rope_fill(mf_model *m, mf_arena *a, int T) {
+    mf_rope_table(BUF(m->rope), T, m->d.hd, m->d.rope_theta, &m->d.rope);
+}
+
+void mf_llama_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute, int write_out) {
+    const mf_dims *d = &m->d;
+    int C = d->C, N = B * T, AO = d->NH * d->hd, KV = d->NKV * d->hd, QKV = AO + 2 * KV, I = d->ffn;
+    const mf_layer_acts *A = recompute ? &m->racts[l] : &m->acts[l];
+    const int *res = recompute ? m->rres : m->res;
+    float *x = BUF(res[l]), *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *atty = BUF(A->atty);
+    mf_rmsnorm_forward(ln1, BUF(A->ln1_rstd), x, LP(l, MF_LT_LN1), N, C, d->eps);
+    lin_fwd(qkv, QKV, ln1, LP(l, MF_LT_Q), LPO(l, MF_LT_QB), N, C, AO, 0.0f);
+    lin_fwd(qkv + AO, QKV, ln1, LP(l, MF_LT_K), LPO(l, MF_LT_KB), N, C, KV, 0.0f);
+    lin_fwd(qkv + AO + KV, QKV, ln1, LP(l, MF_LT_V), LPO(l, MF_LT_VB), N, C, KV, 0.0f);
+    mf_rope_apply(qkv, BUF(m->rope), NULL, B, T, d->NH, d->NKV, d->hd, 0);
+    mf_flash_attention_gqa_forward(atty, BUF(A->lse), qkv, B, T, d->NH, d->NKV, d->hd, d->window);
+    float *xmid = BUF(A->xmid);
+    memcpy(xmid, x, (size_t)N * C * sizeof(float));
+    lin_fwd(xmid, C, atty, LP(l, MF_LT_O), NULL, N, AO, C, 1.0f);
+    float *ln2 = BUF(A->ln2), *gate = BUF(A->fch), *up = BUF(A->up), *h = mf_model_mlp_out(m, a, A);
+    mf_rmsnorm_forward(ln2, BUF(A->ln2_rstd), xmid, LP(l, MF_LT_LN2), N, C, d->eps);
+    lin_fwd(gate, I, ln2, LP(l, MF_LT_GATE), NULL, N, C, I, 0.0f);
+    lin_fwd(up, I, ln2, LP(l, MF_LT_UP), NULL, N, C, I, 0.0f);
+    mf_swiglu_forward(h, gate, up, (size_t)N * I);
+    if (!write_out) return;
+    float *out = BUF(res[l + 1]);
+    memcpy(out, xmid, (size_t)N * C * sizeof(float));
+    lin_fwd(out, C, h, LP(l, MF_LT_DOWN), NULL, N, I, C, 1.0f);
+}
+
+void mf_llama_block_backward(mf_model *m, mf_arena *a, int l, int B, int T) {
+    const mf_dims *d = &m->d;
+    int C = d->C, N = B * T, AO = d->NH * d->hd, KV = d->NKV * d->hd, QKV = AO + 2 * KV, I = d->ffn;
+    const mf_layer_acts *A = &m->racts[l];
+    float *x = BUF(m->rres[l]), *gate = BUF(A->fch), *up = BUF(A->up);
+    if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE) {
+        /* rebuild the element-wise outputs from the kept inputs (the same
+         * kernels on the same inputs: bit-identical to the forward's) */
+        mf_rmsnorm_forward(BUF(A->ln1), BUF(A->ln1_rstd), x, LP(l, MF_LT_LN1), N, C, d->eps);
+        mf_rmsnorm_forward(BUF(A->ln2), BUF(A->ln2_rstd), BUF(A->xmid), LP(l, MF_LT_LN2), N, C, d->eps);
+        mf_swiglu_forward(mf_model_mlp_out(m, a, A), gate, up, (size_t)N * I);
+    }
+    float *dres = BUF(m->dres), *dln = BUF(m->dln), *dbig = BUF(m->dbig), *dqkv = BUF(m->dqkv);
+    /* MLP: out = xmid + (silu(gate) * up) Wd^T. h may live in dbig itself:
+     * lin_bwd reads it for dWd before dh overwrites it. dgate and dup then
+     * overwrite the gate and up rows (their last reader is this step). */
+    lin_bwd(dbig, 0.0f, LG(l, MF_LT_DOWN), NULL, dres, C, mf_model_mlp_out(m, a, A), LP(l, MF_LT_DOWN), N, I, C);
+    mf_swiglu_backward(gate, up, dbig, gate, up, (size_t)N * I);
+    float *ln2 = BUF(A->ln2);
+    lin_bwd(dln, 0.0f, LG(l, MF_LT_GATE), NULL, gate, I, ln2, LP(l, MF_LT_GATE), N, C, I);
+    lin_bwd(dln, 1.0f, LG(l, MF_LT_UP), NULL, up, I, ln2, LP(l, MF_LT_UP), N, C, I);
+    mf_rmsnorm_backward(dres, LG(l, MF_LT_LN2), dln, BUF(A->xmid), LP(l, MF_LT_LN2), BUF(A->ln2_rstd), N, C);
+    /* attention: xmid = x + attn(rope(ln1 Wqkv^T)) Wo^T; d(atty) in dln */
+    lin_bwd(dln, 0.0f, LG(l, MF_LT_O), NULL, dres, C, BUF(A->atty), LP(l, MF_LT_O), N, AO, C);
+    mf_flash_attention_gqa_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse), B, T,
+                                    d->NH, d->NKV, d->hd, d->window);
+    mf_rope_apply(dqkv, BUF(m->rope), NULL, B, T, d->NH, d->NKV, d->hd, 1);
+    float *ln1 = BUF(A->ln1);
+    lin_bwd(dln, 0.0f, LG(l, MF_LT_Q), LGO(l, MF_LT_QB), dqkv, QKV, ln1, LP(l, MF_LT_Q), N, C, AO);
+    lin_bwd(dln, 1.0f, LG(l, MF_LT_K), LGO(l, MF_LT_KB), dqkv + AO, QKV, ln1, LP(l, MF_LT_K), N, C, KV);
+    lin_bwd(dln, 1.0f, LG(l, MF_LT_V), LGO(l, MF_LT_VB), dqkv + AO + KV, QKV, ln1, LP(l, MF_LT_V), N, C, KV);
+    mf_rmsnorm_backward(dres, LG(l, MF_LT_LN1), dln, x, LP(l, MF_LT_LN1), BUF(A->ln1_rstd), N, C);
+}
