@@ -84,7 +84,7 @@ char *mf_size_format(size_t bytes, char *buf, size_t n);
  * whose lifetime is [0, n_phases-1] is persistent: it outlives the step
  * (weights, gradients, optimizer state, loader buffers). */
 typedef struct {
-    char name[64];
+    char name[96];
     mf_cat cat;
     mf_dtype dtype;
     int ndim;

@@ -66,6 +66,10 @@ const mf_preset *mf_model_presets(int *n);
 int mf_model_dims(const mf_config *cfg, mf_dims *d);
 /* Finishes and validates d (Vp; head and width constraints); -1 with a message. */
 int mf_model_dims_check(mf_dims *d);
+/* The shape as one line for checkpoint metadata ("L,C,H,T,V" for GPT-2,
+ * "llama:..." with every field for the Llama family), and back (validated). */
+int mf_model_dims_str(const mf_dims *d, char *buf, size_t n);
+int mf_model_dims_parse(const char *s, mf_dims *d);
 /* Hugging Face folders (hf.c). read_config: DIR/config.json into d (Llama,
  * Qwen2, Mistral), -1 naming the file and the problem; write_config: the
  * same keys back (atomically). weight_files: the safetensors files of DIR

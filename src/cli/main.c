@@ -328,8 +328,16 @@ static int cmd_train(int argc, char **argv, int profile) {
         snprintf(model, sizeof model, "%s/model.safetensors", cfg.out_dir);
         double r0 = mf_time_now();
         int bad = mf_trainer_save_weights(&t, model);
+        /* a Llama-family model: the folder is a Hugging Face model folder
+         * (config.json beside model.safetensors, HF names and layout) */
+        char hfc[MF_PATH_MAX + 64] = "";
+        if (!bad && t.d.arch == MF_ARCH_LLAMA && t.rank == 0) {
+            snprintf(hfc, sizeof hfc, "%s/config.json", cfg.out_dir);
+            bad = mf_hf_write_config(hfc, &t.d);
+        }
         mf_observer_region(&obs, "save weights", "io", r0);
         if (bad) rc = die(mf_error());
+        else if (hfc[0]) printf("wrote %s, %s and %s\n", ckpt, model, hfc);
         else printf("wrote %s and %s\n", ckpt, model);
     }
     if (!rc && cfg.save_adapter[0]) {

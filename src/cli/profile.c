@@ -10,10 +10,7 @@
 static const char *sz(size_t b, char *buf) { return mf_size_format(b, buf, 32); }
 
 double mf_profile_block_flops(const mf_dims *d, int B, int T) {
-    double C = d->C, N = (double)B * T, hs = (double)d->C / d->NH;
-    double mm = 2 * N * (C * 3 * C + C * C + C * 4 * C + 4 * C * C);
-    double attn = 2.0 * 2.0 * B * d->NH * (double)T * T * hs / 2;
-    return mm + attn;
+    return 2.0 * B * T * (double)mf_model_block_matmul_params(d) + mf_model_attention_flops(d, B, T);
 }
 
 typedef struct {

@@ -150,3 +150,33 @@ int64_t mf_model_n_params(const mf_dims *d) {
                   (d->qkv_bias ? (int64_t)(d->NH + 2 * d->NKV) * d->hd : 0);
     return (int64_t)d->V * C * (d->tied ? 1 : 2) + d->L * blk + C;
 }
+
+int mf_model_dims_str(const mf_dims *d, char *buf, size_t n) {
+    /* GPT-2 keeps the form its checkpoints have always had */
+    if (d->arch == MF_ARCH_GPT2) return snprintf(buf, n, "%d,%d,%d,%d,%d", d->L, d->C, d->NH, d->maxT, d->V);
+    return snprintf(buf, n, "llama:%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.9g,%.17g,%d,%.9g,%.9g,%.9g,%d,%s", d->L, d->C,
+                    d->NH, d->NKV, d->hd, d->ffn, d->maxT, d->V, d->tied, d->qkv_bias, d->window, (double)d->eps,
+                    d->rope_theta, (int)d->rope.type, (double)d->rope.factor, (double)d->rope.low_freq_factor,
+                    (double)d->rope.high_freq_factor, d->rope.original_max_position_embeddings,
+                    d->hf_arch[0] ? d->hf_arch : "LlamaForCausalLM");
+}
+
+int mf_model_dims_parse(const char *s, mf_dims *d) {
+    memset(d, 0, sizeof *d);
+    if (!s) return mf_fail("no dims");
+    if (strncmp(s, "llama:", 6) == 0) {
+        int rt = 0, used = 0;
+        double eps = 0, f = 0, lo = 0, hi = 0;
+        d->arch = MF_ARCH_LLAMA;
+        if (sscanf(s + 6, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%lf,%lf,%d,%lf,%lf,%lf,%d,%31[A-Za-z0-9]%n", &d->L, &d->C,
+                   &d->NH, &d->NKV, &d->hd, &d->ffn, &d->maxT, &d->V, &d->tied, &d->qkv_bias, &d->window, &eps,
+                   &d->rope_theta, &rt, &f, &lo, &hi, &d->rope.original_max_position_embeddings, d->hf_arch,
+                   &used) != 19 || s[6 + used] || (rt != MF_ROPE_NONE && rt != MF_ROPE_LLAMA3))
+            return mf_fail("dims '%s' are not a Llama-family shape", s);
+        d->eps = (float)eps, d->rope.type = (mf_rope_type)rt, d->rope.factor = (float)f;
+        d->rope.low_freq_factor = (float)lo, d->rope.high_freq_factor = (float)hi;
+    } else if (sscanf(s, "%d,%d,%d,%d,%d", &d->L, &d->C, &d->NH, &d->maxT, &d->V) != 5)
+        return mf_fail("dims '%s' are not a model shape", s);
+    else d->arch = MF_ARCH_GPT2, d->eps = 1e-5f;
+    return mf_model_dims_check(d);
+}

@@ -359,9 +359,10 @@ double mf_rates_gemm16(const mf_rates *r, int C, int M) { return interp(r, r->ge
  * once per step. LoRA: see below. */
 double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_model *m, const mf_plan *p) {
     const mf_dims *d = &m->d;
-    double N = (double)m->B * m->T, C = d->C, hs = (double)d->C / d->NH;
-    double blk_mm = 2 * N * 12 * C * C, head = 2 * N * C * d->Vp;
-    double attn_f = 2.0 * m->B * d->NH * (double)m->T * m->T * hs;
+    double N = (double)m->B * m->T, C = d->C;
+    /* (GPT-2: 12 C^2 weights per block; the attention term 2 B NH T^2 hs) */
+    double blk_mm = 2 * N * (double)mf_model_block_matmul_params(d), head = 2 * N * C * d->Vp;
+    double attn_f = mf_model_attention_flops(d, m->B, m->T);
     int nrec = 0;
     for (int l = 0; l < d->L; l++) nrec += m->seg > 0 || l < m->auto_k;
     int sel = m->recompute.policy == MF_RECOMPUTE_SELECTIVE;
@@ -387,7 +388,7 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
      * head's d(logits); the master weights rounded into their copies */
     int h16 = m->cdt != MF_DTYPE_F32;
     if (h16) elem += 4.0 * (d->L * 12 * N * C + N * d->Vp) + 6.0 * (double)p->total_cat[MF_CAT_MASTER] / 4;
-    if (quant) elem += 5.0 * (2 * d->L + nrec) * 12 * C * C;
+    if (quant) elem += 5.0 * (2 * d->L + nrec) * (double)mf_model_block_matmul_params(d);
     int accum = c->grad_accum > 0 ? c->grad_accum : 1;
     /* zeroing the gradients and their norm: two passes over them */
     double grads = (double)p->total_cat[MF_CAT_GRADS];

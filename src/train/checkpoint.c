@@ -23,6 +23,7 @@
 
 #include <inttypes.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +72,7 @@ static int read_row(void *ctx, uint64_t off, void *buf, size_t len) {
     return mf_offstate_row_io(r->t, r->tensor, r->id, off, buf, len, 0);
 }
 
-static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, param_reader *pr, char (*names)[64],
+static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, param_reader *pr, char (*names)[96],
                        int with_optim) {
     const mf_model *m = &t->model;
     int n = 0;
@@ -81,7 +82,7 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
         if (x->qkind && with_optim) {
             /* a quantised base in a checkpoint: its packed bytes, under its plan row's name */
             const mf_buf *b = &t->plan.bufs[x->p];
-            snprintf(names[n], 64, "%s", b->name);
+            snprintf(names[n], 96, "%s", b->name);
             e[n] = (mf_st_entry){.name = names[n], .dtype = MF_DTYPE_U8, .ndim = 1, .shape = {b->numel},
                                  .data = mf_arena_ptr(&t->arena, x->p), .nbytes = (size_t)b->numel};
             n++;
@@ -90,7 +91,7 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
         if (zero3(t) && with_optim) {
             /* this rank's parameter shard, under its plan name */
             const mf_buf *b = &t->plan.bufs[x->ps];
-            snprintf(names[n], 64, "%s", b->name);
+            snprintf(names[n], 96, "%s", b->name);
             e[n] = (mf_st_entry){.name = names[n], .dtype = MF_DTYPE_F32, .ndim = 1, .shape = {b->numel},
                                  .data = mf_arena_ptr(&t->arena, x->ps), .nbytes = (size_t)b->numel * sizeof(float)};
             n++;
@@ -100,7 +101,7 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
          * they are with master_weights 0 */
         int wr = mf_tensor_weights_row(x);
         mf_dtype wdt = t->plan.bufs[wr].dtype;
-        snprintf(names[n], 64, "%s", x->name);
+        snprintf(names[n], 96, "%s", x->name);
         e[n].name = names[n];
         e[n].dtype = wdt;
         e[n].ndim = x->ndim;
@@ -129,7 +130,7 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
             int id = m->tensors[i].st[k];
             if (id < 0) continue;
             const mf_buf *b = &t->plan.bufs[id];
-            snprintf(names[n], 64, "%s", b->name);
+            snprintf(names[n], 96, "%s", b->name);
             e[n].name = names[n];
             e[n].dtype = b->dtype;
             e[n].ndim = b->ndim;
@@ -159,7 +160,7 @@ static int save(const mf_trainer *t, const char *path_in, int with_optim) {
     }
     int nt = t->model.n_tensors * (with_optim ? 1 + MF_OPTIM_STATES : 1);
     mf_st_entry *e = calloc((size_t)nt, sizeof *e);
-    char (*names)[64] = calloc((size_t)nt, sizeof *names);
+    char (*names)[96] = calloc((size_t)nt, sizeof *names);
     row_reader *rd = calloc((size_t)nt, sizeof *rd);
     param_reader *pr = calloc((size_t)t->model.n_tensors, sizeof *pr);
     char *cfg = malloc(1 << 16);
@@ -168,11 +169,11 @@ static int save(const mf_trainer *t, const char *path_in, int with_optim) {
         return mf_fail("out of memory writing %s", path);
     }
     int n = add_entries(t, e, rd, pr, names, with_optim);
-    char dims[128], step[32], pos[32], rng[32], world[16], rank[16], zero[16];
+    char dims[256], step[32], pos[32], rng[32], world[16], rank[16], zero[16];
     snprintf(world, sizeof world, "%d", sharded(t) ? t->world : 1);
     snprintf(rank, sizeof rank, "%d", sharded(t) ? t->rank : 0);
     snprintf(zero, sizeof zero, "%d", sharded(t) ? t->model.opt.zero : 0);
-    snprintf(dims, sizeof dims, "%d,%d,%d,%d,%d", t->d.L, t->d.C, t->d.NH, t->d.maxT, t->d.V);
+    mf_model_dims_str(&t->d, dims, sizeof dims);
     snprintf(step, sizeof step, "%d", t->step);
     snprintf(pos, sizeof pos, "%" PRIu64, t->data_pos);
     snprintf(rng, sizeof rng, "%" PRIu64, t->rng.s);
@@ -220,6 +221,16 @@ static void copy_and_drop(void *dst, const void *src, size_t n) {
 }
 
 /* Copies tensor `name` (prefix + Hugging Face name) into buffer `id`. */
+/* Drops the file pages behind [p, p+n) from the process (file-backed: re-read if touched again). */
+static void drop_pages(const void *p, size_t n) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p & ~(page - 1);
+    uintptr_t hi = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+    madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+static int load_found(const mf_trainer *t, const mf_st_tensor *s, const char *path, const char *name,
+                      const mf_tensor *x, int id);
+
 static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *path, const char *prefix,
                        const mf_tensor *x, int id) {
     char name[96];
@@ -231,12 +242,21 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
         s = mf_st_find(f, alt);
     }
     if (!s) return mf_fail("%s: tensor '%s' is missing", path, name);
+    return load_found(t, s, path, name, x, id);
+}
+
+/* Copies file tensor s (tensor `name` of file `path`) into buffer `id` of
+ * model tensor x: F32 as it is; BF16 and F16 files widened into fp32 rows
+ * (HF folders are mostly 16-bit); F32 rounded into a bf16 row. */
+static int load_found(const mf_trainer *t, const mf_st_tensor *s, const char *path, const char *name,
+                      const mf_tensor *x, int id) {
     int64_t want[2] = {x->rows_file, x->shape[1]};
     /* the row's dtype (fp32, or bf16 weights without a master copy, which
      * also take fp32 files rounded to nearest-even) */
     mf_dtype rdt = x->qkind && id == x->p ? MF_DTYPE_F32 : t->plan.bufs[id].dtype;  /* quantised: packed from F32 */
     int to16 = rdt == MF_DTYPE_BF16 && s->dtype == MF_DTYPE_F32, to32 = rdt == MF_DTYPE_F32 && s->dtype == MF_DTYPE_BF16;
-    int ok = (s->dtype == rdt || to16 || to32) && s->ndim == x->ndim && s->shape[0] == want[0] &&
+    int h32 = rdt == MF_DTYPE_F32 && s->dtype == MF_DTYPE_F16;
+    int ok = (s->dtype == rdt || to16 || to32 || h32) && s->ndim == x->ndim && s->shape[0] == want[0] &&
              (x->ndim == 1 || s->shape[1] == want[1]);
     if (!ok) {
         char a[64], b[64];
@@ -245,6 +265,9 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
         return mf_fail("%s: tensor '%s' is %s %s, the model needs %s %s", path, name,
                        mf_dtype_name(s->dtype), a, mf_dtype_name(rdt), b);
     }
+    if (x->qkind && id == x->p && s->dtype != MF_DTYPE_F32)
+        return mf_fail("%s: tensor '%s' is %s; a quantised base is packed from F32 weights", path, name,
+                       mf_dtype_name(s->dtype));
     if (x->qkind && id == x->p) {
         /* a frozen base stored quantised: packed straight from the file's
          * map, whose pages are then handed back */
@@ -259,10 +282,14 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
     if (to16) {
         mf_bf16_from_f32(dst, s->data, s->nbytes / sizeof(float));
         have = s->nbytes / 2;
-    } else if (to32) {  /* bf16 weights (master_weights 0) widen exactly */
+    } else if (to32) {  /* bf16 weights (master_weights 0, or a bf16 HF folder) widen exactly */
         mf_f32_from_bf16(dst, s->data, s->nbytes / 2);
         have = s->nbytes * 2;
+    } else if (h32) {  /* fp16 files widen exactly */
+        mf_f32_from_fp16(dst, s->data, s->nbytes / 2);
+        have = s->nbytes * 2;
     } else copy_and_drop(dst, s->data, s->nbytes);
+    if (to16 || to32 || h32) drop_pages(s->data, s->nbytes);
     /* padding rows (wte beyond V) stay zero */
     size_t rest = (size_t)(x->numel * (int64_t)mf_dtype_size(rdt)) - have;
     if (rest) memset((char *)dst + have, 0, rest);
@@ -324,7 +351,55 @@ static int ignorable(const char *name) {
            (n > 16 && strcmp(name + n - 16, ".attn.masked_bias") == 0);
 }
 
+/* A Hugging Face folder (model.safetensors or its shards): every tensor of
+ * the model by its HF name, in whichever file holds it; a tensor the model
+ * does not have is refused (a tied model ignores a stored lm_head, and
+ * rotary inv_freq buffers are ignored). */
+static int load_hf_folder(mf_trainer *t, const char *dir) {
+    char **files;
+    int nf;
+    if (mf_hf_weight_files(dir, &files, &nf)) return -1;
+    mf_st_file *f = calloc((size_t)nf, sizeof *f);
+    int rc = f ? 0 : mf_fail("out of memory"), opened = 0;
+    for (; !rc && opened < nf; opened++)
+        if (mf_st_open(&f[opened], files[opened])) { rc = -1; break; }
+    for (int i = 0; i < t->model.n_tensors && !rc; i++) {
+        const mf_tensor *x = &t->model.tensors[i];
+        if (x->lora) continue;
+        const mf_st_tensor *s = NULL;
+        int k = 0;
+        for (; k < opened && !s; k++) s = mf_st_find(&f[k], x->name);
+        if (!s) {
+            rc = mf_fail("%s: tensor '%s' is missing (config.json describes a model that has it)", dir, x->name);
+            break;
+        }
+        rc = load_found(t, s, files[k - 1], x->name, x, mf_tensor_weights_row(x));
+        if (!rc) mf_model_sync_params(&t->model, &t->arena, i, 1);
+        if (!rc && x->ps >= 0)
+            memcpy(mf_arena_ptr(&t->arena, x->ps), (float *)mf_arena_ptr(&t->arena, x->p) + x->lo,
+                   (size_t)(x->hi - x->lo) * sizeof(float));
+    }
+    for (int k = 0; k < opened && !rc; k++)
+        for (int i = 0; i < f[k].n && !rc; i++) {
+            const char *nm = f[k].tensors[i].name;
+            size_t n = strlen(nm);
+            int known = (t->model.t_head < 0 && strcmp(nm, "lm_head.weight") == 0) ||
+                        (n > 22 && strcmp(nm + n - 22, "rotary_emb.inv_freq") == 0);
+            for (int j = 0; j < t->model.n_tensors && !known; j++) known = strcmp(nm, t->model.tensors[j].name) == 0;
+            if (!known) rc = mf_fail("%s: unexpected tensor '%s' (config.json describes no such tensor)", files[k], nm);
+        }
+    for (int k = 0; k < opened; k++) mf_st_close(&f[k]);
+    free(f);
+    mf_hf_free_files(files, nf);
+    return rc;
+}
+
 int mf_trainer_load_weights(mf_trainer *t, const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return load_hf_folder(t, path);
+    if (t->d.arch == MF_ARCH_LLAMA)
+        return mf_fail("%s: a Llama-family model loads from a Hugging Face folder (config.json + model.safetensors); "
+                       "give the folder, or a memfit checkpoint with --resume", path);
     mf_st_file f;
     if (mf_st_open(&f, path)) return -1;
     int rc = 0;
@@ -372,14 +447,14 @@ int mf_trainer_load_checkpoint(mf_trainer *t, const char *path_in) {
     }
     const char *fmt = mf_st_meta(&f, "format"), *dims = mf_st_meta(&f, "dims"), *opt = mf_st_meta(&f, "optimizer");
     const char *step = mf_st_meta(&f, "step"), *pos = mf_st_meta(&f, "data_pos"), *rng = mf_st_meta(&f, "rng");
-    char want[128];
-    snprintf(want, sizeof want, "%d,%d,%d,%d,%d", t->d.L, t->d.C, t->d.NH, t->d.maxT, t->d.V);
+    char want[256];
+    mf_model_dims_str(&t->d, want, sizeof want);
     const mf_model *m = &t->model;
     int train = t->mode == MF_MODE_TRAIN;  /* inference needs no optimizer state */
     if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0)
         rc = mf_fail("%s is not a memfit checkpoint of this version (format '%s', expected %s)", path, fmt ? fmt : "none", CKPT_FORMAT);
     else if (!dims || strcmp(dims, want) != 0)
-        rc = mf_fail("%s: checkpoint model (L,C,H,T,V) = %s does not match the configured %s", path, dims ? dims : "?", want);
+        rc = mf_fail("%s: checkpoint model (dims %s) does not match the configured %s", path, dims ? dims : "?", want);
     else if (!step || !pos || !rng || !opt) rc = mf_fail("%s: checkpoint metadata incomplete", path);
     else if (train && strcmp(opt, mf_optim_name(m->opt.kind)) != 0)
         rc = mf_fail("%s holds %s state but the run uses optimizer %s", path, opt, mf_optim_name(m->opt.kind));
@@ -473,11 +548,8 @@ int mf_checkpoint_consolidate(const char *path, const char *out_path) {
     mf_model m = {0};
     mf_plan plan = {0};
     const char *dims = rc ? NULL : mf_st_meta(&f[0], "dims");
-    if (!rc && (!dims || sscanf(dims, "%d,%d,%d,%d,%d", &d.L, &d.C, &d.NH, &d.maxT, &d.V) != 5 || d.L < 1 || d.C < 1 ||
-                d.NH < 1 || d.maxT < 1 || d.V < 2))
-        rc = mf_fail("%s: bad dims metadata", path);
+    if (!rc && mf_model_dims_parse(dims, &d)) rc = mf_fail("%s: bad dims metadata", path);
     if (!rc) {
-        d.Vp = (d.V + 63) / 64 * 64;
         snprintf(d.tokenizer, sizeof d.tokenizer, "%s", mf_st_meta(&f[0], "tokenizer") ? mf_st_meta(&f[0], "tokenizer") : "gpt2");
         mf_recompute none = {MF_RECOMPUTE_NONE, 0};
         if (mf_plan_init(&plan, mf_model_n_phases(&d, MF_MODE_INFER)) ||
