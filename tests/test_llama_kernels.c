@@ -412,13 +412,13 @@ static void test_rope_apply(mf_rng *rng, int B, int T, int NH, int NKV, int hs, 
 static void test_swiglu(mf_rng *rng, size_t n) {
     float *g = malloc(n * sizeof(float)), *u = malloc(n * sizeof(float)), *d = malloc(n * sizeof(float));
     float *out = nanbuf(n), *dg = nanbuf(n), *du = nanbuf(n);
-    double *ro = malloc(n * sizeof(double)), *rdg = malloc(n * sizeof(double)), *rdu = malloc(n * sizeof(double));
+    double *ro = calloc(n, sizeof(double)), *rdg = calloc(n, sizeof(double)), *rdu = calloc(n, sizeof(double));
     for (size_t i = 0; i < n; i++) {
         g[i] = 4.0f * mf_rng_normal(rng);
         u[i] = mf_rng_normal(rng);
         d[i] = mf_rng_normal(rng);
     }
-    g[0] = 0.0f, g[1] = -100.0f, g[2] = 100.0f, g[3] = -1.2784645f; /* silu' ~ 0 at the last */
+    if (n >= 4) g[0] = 0.0f, g[1] = -100.0f, g[2] = 100.0f, g[3] = -1.2784645f; /* silu' ~ 0 at the last */
     size_t bad_g = 0;
     for (size_t i = 0; i < n; i++) {
         const double s = 1.0 / (1.0 + exp(-(double)g[i]));
