@@ -18,10 +18,15 @@
  * recompute P = exp(S - lse) from the stored lse and
  *   dV_j += P^T dO_t,   dP = dO_t V_j^T,   dS = P * (dP - D),
  *   dQ_t += dS K_j * scale,   dK_j += dS^T Q_t * scale.
- * dQ, dK and dV accumulate directly in dqkv (zeroed first). A (b, h) pair is
- * one OpenMP task and runs its tile loops serially, so there are no races
- * and no float atomics: results are bitwise deterministic, and even
- * independent of the thread count.
+ * dQ, dK and dV accumulate directly in dqkv (zeroed first). A (b, kv head)
+ * pair is one OpenMP task and runs its query heads' tile loops serially, so
+ * there are no races and no float atomics: results are bitwise
+ * deterministic, and even independent of the thread count.
+ *
+ * Grouped-query attention (Llama, Mistral: NKV key/value heads shared by
+ * NH/NKV query heads each) and a sliding window are the general case
+ * (mf_flash_attention_gqa_*); GPT-2's entry points call it with NKV = NH and
+ * no window, which runs the very same arithmetic as before it existed.
  *
  * Tile products go through cblas_sgemm on strided views of qkv/out/dqkv
  * (leading dimension 3C or C, no gather copies); OpenBLAS's OpenMP build runs
@@ -117,15 +122,34 @@ static inline void tile_atb_acc(float *G, int ldg, const float *P, int ldp,
 
 /* ---- forward ------------------------------------------------------------ */
 
+/* Grouped-query layout (kernels.h): a qkv row (width QKV = (NH + 2*NKV) hs)
+ * holds NH query heads, then NKV key heads, then NKV value heads; query head
+ * h reads kv head h / (NH/NKV). GPT-2's (B,T,3C) c_attn row is the case
+ * NKV = NH, hs = C/NH: key head h at C + h*hs, value head h at 2C + h*hs.
+ *
+ * Sliding window (window > 0): row i sees keys i - window < j <= i. In a key
+ * tile starting at j0 that is tile columns [lo, nv) with
+ *   lo = max(0, i - window + 1 - j0),   nv = min(nk, i - j0 + 1);
+ * window 0 gives lo = 0 and the loops below run exactly as without windows
+ * (same start, same length, same order), which keeps GPT-2 bit-identical. */
+static inline int imax(int a, int b) { return a > b ? a : b; }
+
+/* First visible column of row i in the key tile at j0 (0 without window). */
+static inline int win_lo(int i, int j0, int window) {
+    return window > 0 ? imax(0, i - window + 1 - j0) : 0;
+}
+
 /* One (b, h, query tile) task. Stack use: the BQ x BK score tile (16 KiB)
  * and two BQ-float row vectors; the output accumulator is `out` itself. */
-static void fwd_tile(float *out, float *lse, const float *qkv, int b, int h,
-                     int qt, int T, int C, int NH) {
-    const int hs = C / NH, C3 = 3 * C;
+static void fwd_tile(float *out, float *lse, const float *qkv, int b, int h, int qt, int T, int NH, int NKV,
+                     int hs, int window) {
+    const int QKV = (NH + 2 * NKV) * hs, C = NH * hs, kvh = h / (NH / NKV);
     const float scale = 1.0f / sqrtf((float)hs);
     const int i0 = qt * MF_FA_BQ, nq = imin(MF_FA_BQ, T - i0);
-    const float *base = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-    const float *q = base + (size_t)i0 * C3;
+    const float *base = qkv + (size_t)b * T * QKV;
+    const float *q = base + (size_t)i0 * QKV + (size_t)h * hs;
+    const float *kbase = base + (size_t)(NH + kvh) * hs;       /* row 0 of key head kvh */
+    const float *vbase = base + (size_t)(NH + NKV + kvh) * hs; /* row 0 of value head kvh */
     float *o = out + ((size_t)b * T + i0) * C + (size_t)h * hs;
     float *L = lse + ((size_t)b * NH + h) * T + i0;
 
@@ -137,28 +161,36 @@ static void fwd_tile(float *out, float *lse, const float *qkv, int b, int h,
         memset(o + (size_t)i * C, 0, (size_t)hs * sizeof(float));
     }
     const int jend = i0 + nq; /* keys 0 .. jend-1 can be visible */
-    for (int j0 = 0; j0 < jend; j0 += MF_FA_BK) {
+    /* with a window, the tile holding the first row's first visible key
+     * (i0 - window + 1): every earlier tile is invisible to all nq rows and
+     * is skipped, so a step costs O(window) rather than O(T) */
+    const int jbeg = window > 0 ? imax(0, i0 - window + 1) / MF_FA_BK * MF_FA_BK : 0;
+    for (int j0 = jbeg; j0 < jend; j0 += MF_FA_BK) {
         const int nk = imin(MF_FA_BK, jend - j0);
-        const float *k = base + C + (size_t)j0 * C3;
-        const float *v = base + 2 * C + (size_t)j0 * C3;
-        tile_abt(S, MF_FA_BK, q, C3, k, C3, nq, nk, hs, scale);
+        const float *k = kbase + (size_t)j0 * QKV;
+        const float *v = vbase + (size_t)j0 * QKV;
+        tile_abt(S, MF_FA_BK, q, QKV, k, QKV, nq, nk, hs, scale);
         for (int i = 0; i < nq; i++) {
             float *s = S + (size_t)i * MF_FA_BK;
-            /* visible keys of row i in this tile: j < nv (j0 + j <= i0 + i) */
+            /* visible keys of row i in this tile: lo <= j < nv */
+            const int lo = win_lo(i0 + i, j0, window);
             const int nv = imin(nk, i0 + i - j0 + 1);
-            if (nv <= 0) { /* no visible key here (only when BK < BQ) */
+            if (nv <= lo) { /* no visible key here (BK < BQ, or the window) */
                 for (int j = 0; j < nk; j++) s[j] = 0.0f;
                 continue;
             }
+            float *sv = s + lo; /* the visible run, nvis entries */
+            const int nvis = nv - lo;
             float mx = m[i];
-            for (int j = 0; j < nv; j++) mx = s[j] > mx ? s[j] : mx;
+            for (int j = 0; j < nvis; j++) mx = sv[j] > mx ? sv[j] : mx;
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-            for (int j = 0; j < nv; j++) {
-                const float e = mf_vexpf(s[j] - mx);
-                s[j] = e;
+            for (int j = 0; j < nvis; j++) {
+                const float e = mf_vexpf(sv[j] - mx);
+                sv[j] = e;
                 sum += e;
             }
+            for (int j = 0; j < lo; j++) s[j] = 0.0f;
             for (int j = nv; j < nk; j++) s[j] = 0.0f;
             /* m = -inf on the first visit: a ~ 1e-38 (clamped exp), times
              * l = 0 and o = 0, so no special case is needed */
@@ -171,7 +203,7 @@ static void fwd_tile(float *out, float *lse, const float *qkv, int b, int h,
                 for (int e = 0; e < hs; e++) oi[e] *= a;
             }
         }
-        tile_ab_acc(o, C, S, MF_FA_BK, v, C3, nq, nk, hs, 1.0f);
+        tile_ab_acc(o, C, S, MF_FA_BK, v, QKV, nq, nk, hs, 1.0f);
     }
     for (int i = 0; i < nq; i++) {
         const float inv = 1.0f / l[i];
@@ -182,20 +214,40 @@ static void fwd_tile(float *out, float *lse, const float *qkv, int b, int h,
     }
 }
 
-void mf_flash_attention_forward(float *out, float *lse, const float *qkv,
-                                int B, int T, int C, int NH) {
+/* A window of T or more hides nothing: the same as no window (and the
+ * index arithmetic never sees a huge window). */
+static int norm_window(int window, int T) { return window > 0 && window < T ? window : 0; }
+
+static void check_heads(const char *fn, int NH, int NKV, int hs) {
+    if (NKV <= 0 || NH % NKV != 0 || hs <= 0)
+        mf_panic("%s: bad heads NH=%d NKV=%d hs=%d (NKV must divide NH)", fn, NH, NKV, hs);
+}
+
+void mf_flash_attention_gqa_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
+                                    int hs, int window) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
+    check_heads("mf_flash_attention_gqa_forward", NH, NKV, hs);
+    window = norm_window(window, T);
     const int nqt = (T + MF_FA_BQ - 1) / MF_FA_BQ;
     const int ntask = B * NH * nqt;
     /* tasks ordered longest first (the last query tile of each head visits
-     * the most key tiles); each task writes disjoint out rows and lse
-     * entries, so dynamic scheduling does not affect the results */
+     * the most key tiles; with a window all visit about the same); each
+     * task writes disjoint out rows and lse entries, so dynamic scheduling
+     * does not affect the results */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < ntask; t++) {
         const int qt = nqt - 1 - t / (B * NH);
         const int bh = t % (B * NH);
-        fwd_tile(out, lse, qkv, bh / NH, bh % NH, qt, T, C, NH);
+        fwd_tile(out, lse, qkv, bh / NH, bh % NH, qt, T, NH, NKV, hs, window);
     }
+}
+
+/* GPT-2: NKV = NH, no window; the same tasks and arithmetic as before the
+ * GQA generalisation, so results are bit-identical. */
+void mf_flash_attention_forward(float *out, float *lse, const float *qkv,
+                                int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    mf_flash_attention_gqa_forward(out, lse, qkv, B, T, NH, NH, C / NH, 0);
 }
 
 /* ---- backward ----------------------------------------------------------- */
@@ -203,10 +255,12 @@ void mf_flash_attention_forward(float *out, float *lse, const float *qkv,
 /* Scratch layout, per thread (thread i uses floats [i*per, (i+1)*per)):
  *   P  : tq x tk  recomputed probabilities, then dS in place
  *   dP : tq x tk  dO V^T
- *   D  : T        D_i = dO_i . O_i for the (b, h) being processed
+ *   D  : T        D_i = dO_i . O_i for the query head being processed
  * with tq = min(BQ, T), tk = min(BK, T) (tiles never exceed T); the tile
- * leading dimension is tk. hs is part of the signature so a later layout
- * (e.g. gathered tiles) can grow with it; this one does not need it. */
+ * leading dimension is tk. A GQA task walks its query heads one after the
+ * other, so D is still one head's T floats and the size does not depend
+ * on NH/NKV. hs is part of the signature so a later layout (e.g. gathered
+ * tiles) can grow with it; this one does not need it. */
 size_t mf_flash_attention_scratch_floats(int T, int hs, int nthreads) {
     (void)hs;
     if (T <= 0 || nthreads <= 0) return 0;
@@ -217,78 +271,111 @@ size_t mf_flash_attention_scratch_floats(int T, int hs, int nthreads) {
 /* Scratch contract as for mf_attention_backward: sized with
  * mf_flash_attention_scratch_floats(T, hs, omp_get_max_threads()) and called
  * with the same OpenMP settings. dqkv needs no zeroing by the caller: every
- * (b, h) zeroes its own q, k and v columns of all T rows, then accumulates. */
-void mf_flash_attention_backward(float *dqkv, float *scratch, const float *dout,
-                                 const float *out, const float *qkv, const float *lse,
-                                 int B, int T, int C, int NH) {
+ * task zeroes its own q, k and v columns of all T rows, then accumulates.
+ *
+ * One OpenMP task per (b, kv head): it owns dK and dV of that head and dQ
+ * of the G = NH/NKV query heads that read it, and runs them serially (head
+ * by head, then key tile, then query tile). dK/dV of a shared head thus sum
+ * the query heads' contributions in a fixed order, with no races and no
+ * atomics: bitwise deterministic and independent of the thread count. For
+ * NKV == NH a task is the former per-(b, h) task, unchanged. */
+void mf_flash_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *out,
+                                     const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
+                                     int window) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
-    const int hs = C / NH, C3 = 3 * C;
+    check_heads("mf_flash_attention_gqa_backward", NH, NKV, hs);
+    window = norm_window(window, T);
+    const int QKV = (NH + 2 * NKV) * hs, C = NH * hs, G = NH / NKV;
     const float scale = 1.0f / sqrtf((float)hs);
     const int tq = imin(MF_FA_BQ, T), tk = imin(MF_FA_BK, T);
     const size_t per = 2 * (size_t)tq * tk + (size_t)T;
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int bh = 0; bh < B * NH; bh++) {
-        const int b = bh / NH, h = bh % NH;
-        const size_t off = (size_t)b * T * C3 + (size_t)h * hs;
-        const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
-        float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
-        const size_t ooff = (size_t)b * T * C + (size_t)h * hs;
-        const float *dO = dout + ooff, *O = out + ooff;
-        const float *L = lse + (size_t)bh * T;
+    for (int bk = 0; bk < B * NKV; bk++) {
+        const int b = bk / NKV, kvh = bk % NKV;
+        const size_t boff = (size_t)b * T * QKV;
+        const size_t koff = boff + (size_t)(NH + kvh) * hs, voff = boff + (size_t)(NH + NKV + kvh) * hs;
+        const float *k = qkv + koff, *v = qkv + voff;
+        float *dk = dqkv + koff, *dv = dqkv + voff;
         float *P = scratch + (size_t)omp_get_thread_num() * per;
         float *dP = P + (size_t)tq * tk;
         float *D = dP + (size_t)tq * tk;
 
         for (int t = 0; t < T; t++) {
-            const float *a = dO + (size_t)t * C, *o = O + (size_t)t * C;
-            float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-            for (int e = 0; e < hs; e++) d += a[e] * o[e];
-            D[t] = d;
-            memset(dq + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
-            memset(dk + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
-            memset(dv + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
+            memset(dk + (size_t)t * QKV, 0, (size_t)hs * sizeof(float));
+            memset(dv + (size_t)t * QKV, 0, (size_t)hs * sizeof(float));
         }
+        for (int h = kvh * G; h < (kvh + 1) * G; h++) {
+            const float *q = qkv + boff + (size_t)h * hs;
+            float *dq = dqkv + boff + (size_t)h * hs;
+            const size_t ooff = (size_t)b * T * C + (size_t)h * hs;
+            const float *dO = dout + ooff, *O = out + ooff;
+            const float *L = lse + ((size_t)b * NH + h) * T;
 
-        for (int j0 = 0; j0 < T; j0 += tk) {
-            const int nk = imin(tk, T - j0);
-            const float *kj = k + (size_t)j0 * C3, *vj = v + (size_t)j0 * C3;
-            float *dkj = dk + (size_t)j0 * C3, *dvj = dv + (size_t)j0 * C3;
-            /* first query tile with a row i >= j0 */
-            for (int i0 = (j0 / tq) * tq; i0 < T; i0 += tq) {
-                const int nq = imin(tq, T - i0);
-                const float *qi = q + (size_t)i0 * C3;
-                const float *dOi = dO + (size_t)i0 * C;
-                float *dqi = dq + (size_t)i0 * C3;
-                tile_abt(P, tk, qi, C3, kj, C3, nq, nk, hs, scale);
-                for (int i = 0; i < nq; i++) {
-                    float *p = P + (size_t)i * tk;
-                    const int nv = imin(nk, i0 + i - j0 + 1);
-                    const float li = L[i0 + i];
-                    int j = 0;
-                    if (nv > 0) {
+            for (int t = 0; t < T; t++) {
+                const float *a = dO + (size_t)t * C, *o = O + (size_t)t * C;
+                float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+                for (int e = 0; e < hs; e++) d += a[e] * o[e];
+                D[t] = d;
+                memset(dq + (size_t)t * QKV, 0, (size_t)hs * sizeof(float));
+            }
+
+            for (int j0 = 0; j0 < T; j0 += tk) {
+                const int nk = imin(tk, T - j0);
+                const float *kj = k + (size_t)j0 * QKV, *vj = v + (size_t)j0 * QKV;
+                float *dkj = dk + (size_t)j0 * QKV, *dvj = dv + (size_t)j0 * QKV;
+                /* query rows that can see a key of this tile: j0 <= i and
+                 * (window) i < j0 + nk - 1 + window; query tiles wholly past
+                 * the window are skipped */
+                const int iend = window > 0 ? imin(T, j0 + nk - 1 + window) : T;
+                /* first query tile with a row i >= j0 */
+                for (int i0 = (j0 / tq) * tq; i0 < iend; i0 += tq) {
+                    const int nq = imin(tq, T - i0);
+                    const float *qi = q + (size_t)i0 * QKV;
+                    const float *dOi = dO + (size_t)i0 * C;
+                    float *dqi = dq + (size_t)i0 * QKV;
+                    tile_abt(P, tk, qi, QKV, kj, QKV, nq, nk, hs, scale);
+                    for (int i = 0; i < nq; i++) {
+                        float *p = P + (size_t)i * tk;
+                        const int lo = win_lo(i0 + i, j0, window);
+                        const int nv = imin(nk, i0 + i - j0 + 1);
+                        const float li = L[i0 + i];
+                        int j = 0;
+                        if (nv > lo) {
+                            float *pv = p + lo;
+                            const int nvis = nv - lo;
 #pragma omp simd
-                        for (j = 0; j < nv; j++) p[j] = mf_vexpf(p[j] - li);
-                        j = nv;
+                            for (j = 0; j < nvis; j++) pv[j] = mf_vexpf(pv[j] - li);
+                            for (j = 0; j < lo; j++) p[j] = 0.0f;
+                            j = nv;
+                        }
+                        for (; j < nk; j++) p[j] = 0.0f;
                     }
-                    for (; j < nk; j++) p[j] = 0.0f;
-                }
-                /* dV_j += P^T dO_i */
-                tile_atb_acc(dvj, C3, P, tk, dOi, C, nq, nk, hs, 1.0f);
-                /* dP = dO_i V_j^T */
-                tile_abt(dP, tk, dOi, C, vj, C3, nq, nk, hs, 1.0f);
-                /* dS = P * (dP - D), in place over P; P = 0 where masked */
-                for (int i = 0; i < nq; i++) {
-                    float *p = P + (size_t)i * tk;
-                    const float *dp = dP + (size_t)i * tk;
-                    const float di = D[i0 + i];
+                    /* dV_j += P^T dO_i */
+                    tile_atb_acc(dvj, QKV, P, tk, dOi, C, nq, nk, hs, 1.0f);
+                    /* dP = dO_i V_j^T */
+                    tile_abt(dP, tk, dOi, C, vj, QKV, nq, nk, hs, 1.0f);
+                    /* dS = P * (dP - D), in place over P; P = 0 where masked */
+                    for (int i = 0; i < nq; i++) {
+                        float *p = P + (size_t)i * tk;
+                        const float *dp = dP + (size_t)i * tk;
+                        const float di = D[i0 + i];
 #pragma omp simd
-                    for (int jj = 0; jj < nk; jj++) p[jj] = p[jj] * (dp[jj] - di);
+                        for (int jj = 0; jj < nk; jj++) p[jj] = p[jj] * (dp[jj] - di);
+                    }
+                    /* dQ_i += dS K_j * scale;  dK_j += dS^T Q_i * scale */
+                    tile_ab_acc(dqi, QKV, P, tk, kj, QKV, nq, nk, hs, scale);
+                    tile_atb_acc(dkj, QKV, P, tk, qi, QKV, nq, nk, hs, scale);
                 }
-                /* dQ_i += dS K_j * scale;  dK_j += dS^T Q_i * scale */
-                tile_ab_acc(dqi, C3, P, tk, kj, C3, nq, nk, hs, scale);
-                tile_atb_acc(dkj, C3, P, tk, qi, C3, nq, nk, hs, scale);
             }
         }
     }
+}
+
+/* GPT-2: NKV = NH, no window; bit-identical to before (see the forward). */
+void mf_flash_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                 const float *out, const float *qkv, const float *lse,
+                                 int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    mf_flash_attention_gqa_backward(dqkv, scratch, dout, out, qkv, lse, B, T, NH, NH, C / NH, 0);
 }

@@ -1,0 +1,194 @@
+/* Llama-family element-wise and row-wise kernels: RMSNorm, rotary position
+ * embedding (RoPE, with Llama 3.1's frequency rescaling) and SwiGLU. The
+ * attention they go with is flash_attention.c's grouped-query kernel.
+ *
+ * Plain C with OpenMP parallel-for and simd loops (no AVX-512 dispatch
+ * table: these are a few passes over (N, C) arrays next to the GEMMs). The
+ * rules of cpu.c hold: no allocation; reductions that cross rows (RMSNorm's
+ * dw) are split by columns, so every output is summed in the same order
+ * whatever the thread count and results are bit-identical across
+ * OMP_NUM_THREADS.
+ *
+ * The formulas follow Hugging Face transformers (modeling_llama.py:
+ * LlamaRMSNorm, apply_rotary_pos_emb / rotate_half, LlamaMLP;
+ * modeling_rope_utils.py: _compute_llama3_parameters) so that a Llama
+ * checkpoint computes what it computes there.
+ */
+#include "memfit/kernels.h"
+#include "vmath.h"
+
+#include <math.h>
+#include <omp.h>
+
+/* below this many elements a kernel runs on the calling thread: a parallel
+ * region costs more than the work (as MF_PAR_MIN in kern_body.h) */
+#define MF_LL_PAR_MIN 4096
+/* columns per task of a column-parallel reduction (as MF_COLBLK) */
+#define MF_LL_COLBLK 64
+
+/* ---- RMSNorm ------------------------------------------------------------ */
+
+/* HF LlamaRMSNorm in fp32: variance = mean(x^2), x * rsqrt(variance + eps),
+ * times weight. The sum of squares is accumulated in double, so the mean is
+ * the correctly rounded one up to the final rounding (PyTorch's fp32 sum
+ * differs from it by its own rounding, ~1e-7 relative), and rstd is
+ * computed in double and rounded once. out = (x * rstd) * w as in HF.
+ * inp, out (N,C); w (C); rstd (N). out may be inp. */
+void mf_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    if (N <= 0 || C <= 0) return;
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_LL_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        const float r = (float)(1.0 / sqrt(ss / C + (double)eps));
+        rstd[n] = r;
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = (x[c] * r) * w[c];
+    }
+}
+
+/* y = x * r * w with r = (mean(x^2) + eps)^(-1/2), dr/dx_c = -r^3 x_c / C:
+ *   dx_c = r * (g_c - x_c * r^2 * mean(g * x)),   g = dout * w,
+ *   dw_c += sum_rows dout_c * x_c * r.
+ * The row dot product mean(g * x) is summed in double (a difference of two
+ * nearly equal terms follows). dinp is row-parallel; dw is column-parallel,
+ * each column block summed over all rows in row order (thread-count
+ * independent). dinp (N,C) accumulates; dw (C) accumulates, NULL: skipped. */
+void mf_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                         const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    const int nblk = (C + MF_LL_COLBLK - 1) / MF_LL_COLBLK;
+#pragma omp parallel if ((size_t)N * C >= MF_LL_PAR_MIN)
+    {
+#pragma omp for schedule(static) nowait
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C;
+            const float *d = dout + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            const float r = rstd[n];
+            double gx = 0.0;
+#pragma omp simd reduction(+ : gx)
+            for (int c = 0; c < C; c++) gx += (double)(d[c] * w[c]) * x[c];
+            /* x_c * r^2 * mean(g x), the r^2 * mean factor folded once */
+            const float k = (float)(gx / C * (double)r * r);
+#pragma omp simd
+            for (int c = 0; c < C; c++) dx[c] += r * (d[c] * w[c] - x[c] * k);
+        }
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < (dw ? nblk : 0); blk++) { /* dw NULL: frozen weight */
+            const int c0 = blk * MF_LL_COLBLK;
+            const int w0 = C - c0 < MF_LL_COLBLK ? C - c0 : MF_LL_COLBLK;
+            float aw[MF_LL_COLBLK] = {0};
+            for (int n = 0; n < N; n++) {
+                const float *x = inp + (size_t)n * C + c0;
+                const float *d = dout + (size_t)n * C + c0;
+                const float r = rstd[n];
+#pragma omp simd
+                for (int c = 0; c < w0; c++) aw[c] += d[c] * (x[c] * r);
+            }
+            for (int c = 0; c < w0; c++) dw[c0 + c] += aw[c];
+        }
+    }
+}
+
+/* ---- RoPE --------------------------------------------------------------- */
+
+/* inv_freq_i = theta^(-2i/hs), i < hs/2 (HF _compute_default_rope_parameters),
+ * then for MF_ROPE_LLAMA3 the rescaling of _compute_llama3_parameters:
+ * wavelengths 2 pi / inv_freq longer than orig / low_freq_factor are slowed
+ * by `factor`, shorter than orig / high_freq_factor kept, and those between
+ * interpolated linearly in orig / wavelen. All in double: the table's only
+ * rounding is of cos and sin themselves. HF computes inv_freq and the angle
+ * t * inv_freq in fp32, whose rounding grows with t (about t * 6e-8 rad);
+ * this table is the exact value those approximate. */
+static double rope_inv_freq(int i, int hs, double theta, const mf_rope_scaling *sc) {
+    const double f = pow(theta, -2.0 * i / hs);
+    if (!sc || sc->type != MF_ROPE_LLAMA3) return f;
+    const double orig = sc->original_max_position_embeddings;
+    const double lo = sc->low_freq_factor, hi = sc->high_freq_factor, factor = sc->factor;
+    const double low_wavelen = orig / lo, high_wavelen = orig / hi;
+    const double wavelen = 2.0 * 3.14159265358979323846 / f; /* 2 pi (M_PI is not C11) */
+    if (wavelen > low_wavelen) return f / factor;
+    if (wavelen < high_wavelen) return f;
+    const double smooth = (orig / wavelen - lo) / (hi - lo);
+    return (1.0 - smooth) * f / factor + smooth * f;
+}
+
+/* tab: cos (T, hs/2), then sin (T, hs/2), row t = position t. */
+void mf_rope_table(float *tab, int T, int hs, double theta, const mf_rope_scaling *sc) {
+    const int half = hs / 2;
+    if (T <= 0 || half <= 0) return;
+    double inv[512]; /* hs <= 1024: far beyond any model's head size */
+    if (half > 512) mf_panic("mf_rope_table: head size %d > 1024", hs);
+    for (int i = 0; i < half; i++) inv[i] = rope_inv_freq(i, hs, theta, sc);
+    float *cs = tab, *sn = tab + (size_t)T * half;
+#pragma omp parallel for schedule(static) if ((size_t)T * half >= MF_LL_PAR_MIN)
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            const double a = (double)t * inv[i];
+            cs[(size_t)t * half + i] = (float)cos(a);
+            sn[(size_t)t * half + i] = (float)sin(a);
+        }
+}
+
+/* HF: q' = q * cos + rotate_half(q) * sin with cos, sin repeated over the
+ * two halves and rotate_half(x) = (-x2, x1), i.e. per pair (x1, x2) =
+ * (x[i], x[i + hs/2]):
+ *   x1' = x1 cos - x2 sin,   x2' = x2 cos + x1 sin
+ * (two products and one add each, as PyTorch computes them, so the fp32
+ * results match its for the same table). The inverse (transpose) rotation
+ * uses -sin; it is the backward: dx = R^T dy. The q and k heads of a row
+ * are contiguous (heads 0 .. NH+NKV-1); v heads follow and are untouched.
+ * pos[n] must lie in [0, T): the table has T positions. */
+void mf_rope_apply(float *qkv, const float *tab, const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+                   int inverse) {
+    const int half = hs / 2, nh = NH + NKV, QKV = (NH + 2 * NKV) * hs;
+    if (B <= 0 || T <= 0 || half <= 0 || nh <= 0) return;
+    const int N = B * T;
+    const float sgn = inverse ? -1.0f : 1.0f;
+#pragma omp parallel for schedule(static) if ((size_t)N * nh * hs >= MF_LL_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const int p = pos ? pos[n] : n % T;
+        const float *cs = tab + (size_t)p * half;
+        const float *sn = tab + (size_t)T * half + (size_t)p * half;
+        float *row = qkv + (size_t)n * QKV;
+        for (int h = 0; h < nh; h++) {
+            float *x1 = row + (size_t)h * hs, *x2 = x1 + half;
+#pragma omp simd
+            for (int i = 0; i < half; i++) {
+                const float a = x1[i], b = x2[i], c = cs[i], s = sgn * sn[i];
+                x1[i] = a * c - b * s;
+                x2[i] = b * c + a * s;
+            }
+        }
+    }
+}
+
+/* ---- SwiGLU ------------------------------------------------------------- */
+
+/* silu(g) = g * sigmoid(g) = g / (1 + exp(-g)) (PyTorch's silu), with the
+ * vectorisable exp of vmath.h (~1 ulp; its clamp only touches |g| > 87,
+ * where silu is 0 or g to fp32 precision anyway). */
+void mf_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= MF_LL_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + mf_vexpf(-g)) * up[i];
+    }
+}
+
+/* With s = sigmoid(g): silu(g) = g s, silu'(g) = s (1 + g (1 - s)).
+ * Each element's inputs are read before its outputs are written, so dgate
+ * may be gate and dup may be up. */
+void mf_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= MF_LL_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i], u = up[i], d = dout[i];
+        const float s = 1.0f / (1.0f + mf_vexpf(-g));
+        dgate[i] = d * u * (s * (1.0f + g * (1.0f - s)));
+        dup[i] = d * (g * s);
+    }
+}
