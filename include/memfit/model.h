@@ -53,7 +53,8 @@ typedef struct {
 typedef struct {
     const char *name;
     mf_dims d;            /* tokenizer and Vp are filled by mf_model_dims */
-    const char *tokenizer;  /* "gpt2" or "bytes" */
+    const char *tokenizer;  /* "gpt2" or "bytes" (a Llama preset whose vocabulary is smaller than
+                             * GPT-2's takes bytes until its own tokenizer.json can be read) */
     const char *note;
 } mf_preset;
 

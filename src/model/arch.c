@@ -27,16 +27,16 @@ static mf_preset presets[] = {
     {"gpt2-350m", GPT2(24, 1024, 16, 1024, 50257), "gpt2", "GPT-2 medium (354,823,168 params)"},
     {"llama-tiny", LLAMA("LlamaForCausalLM", 2, 64, 8, 2, 8, 160, 256, 256, 0, 0, 0, 1e-5f, 10000.0), "bytes",
      "Llama block, 8 query / 2 KV heads, untied head, byte vocabulary; tests"},
-    {"smollm2-135m", LLAMA("LlamaForCausalLM", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1, 0, 0, 1e-5f, 100000.0), "gpt2",
+    {"smollm2-135m", LLAMA("LlamaForCausalLM", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1, 0, 0, 1e-5f, 100000.0), "bytes",
      "SmolLM2-135M (134,515,008 params), tied"},
     {"qwen2.5-0.5b", LLAMA("Qwen2ForCausalLM", 24, 896, 14, 2, 64, 4864, 151936, 32768, 1, 1, 0, 1e-6f, 1000000.0),
      "gpt2", "Qwen2.5-0.5B (494,032,768 params), q/k/v biases, tied"},
     {"llama-3.2-1b", LLAMA("LlamaForCausalLM", 16, 2048, 32, 8, 64, 8192, 128256, 131072, 1, 0, 0, 1e-5f, 500000.0),
      "gpt2", "Llama 3.2 1B (1,235,814,400 params), llama3 rope scaling, tied"},
     {"tinyllama-1.1b", LLAMA("LlamaForCausalLM", 22, 2048, 32, 4, 64, 5632, 32000, 2048, 0, 0, 0, 1e-5f, 10000.0),
-     "gpt2", "TinyLlama 1.1B (1,100,048,384 params), untied"},
+     "bytes", "TinyLlama 1.1B (1,100,048,384 params), untied"},
     {"mistral-7b", LLAMA("MistralForCausalLM", 32, 4096, 32, 8, 128, 14336, 32000, 32768, 0, 0, 4096, 1e-5f, 10000.0),
-     "gpt2", "Mistral 7B v0.1 (7,241,732,096 params), sliding window 4096; estimate and planning"},
+     "bytes", "Mistral 7B v0.1 (7,241,732,096 params), sliding window 4096; estimate and planning"},
 };
 
 const mf_preset *mf_model_presets(int *n) {
@@ -91,7 +91,7 @@ int mf_model_dims(const mf_config *cfg, mf_dims *d) {
     if (is_dir(cfg->init)) {
         /* a Hugging Face folder: its config.json is the shape */
         if (mf_hf_read_config(cfg->init, d)) return -1;
-        tokdef = "gpt2";
+        tokdef = d->V >= 50257 ? "gpt2" : "bytes";
     } else {
         for (int i = 0; i < np; i++) if (strcmp(ps[i].name, cfg->model) == 0) p = &ps[i];
         if (!p) {
