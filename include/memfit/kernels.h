@@ -240,6 +240,19 @@ void mf_classifier16_backward(mf_dtype dt, float *dx, float *dwte, const float *
                               const void *x, const void *wte, int N, int C, int Vp, void *scratch,
                               size_t scratch_bytes);
 
+/* Llama family, 16-bit outputs (llama_kernels.c): mf_rmsnorm_forward with
+ * a 16-bit out (rstd bit-identical), mf_swiglu_forward with a 16-bit out
+ * (not in place), the token embedding gathered from a 16-bit table into
+ * fp32 rows. */
+void mf_rmsnorm_forward16(void *out, mf_dtype dt, float *rstd, const float *inp, const float *w, int N, int C,
+                          float eps);
+void mf_swiglu_forward16(void *out, mf_dtype dt, const float *gate, const float *up, size_t n);
+void mf_embed_forward16(float *out, const int32_t *inp, const void *wte, mf_dtype dt, int N, int C);
+/* mf_gemm16 (bf16 only) writing C with leading dimension ldc (>= N): a
+ * product into a column range of a wider row (q, k and v into qkv). */
+void mf_gemm16_ldc(mf_dtype dt, float *C, int ldc, const void *A, const void *B, const float *bias, int M, int N,
+                   int K, int tA, int tB, int accumulate, void *scratch, size_t scratch_bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -229,6 +229,13 @@ int mf_gemm_bf16_sized(void *C, const mf_bf16 *A, const mf_bf16 *B, const float 
     return mf_mm_run(&s, A, B, bias, C, scratch, scratch_bytes);
 }
 
+int mf_gemm_bf16_ldc(float *C, int ldc, const mf_bf16 *A, const mf_bf16 *B, const float *bias, int M, int N, int K,
+                     int tA, int tB, int accumulate, void *scratch, size_t scratch_bytes) {
+    mf_mm s = bf16_call(M, N, K, tA, tB, accumulate, 0, bias != NULL);
+    s.ldc = ldc;
+    return mf_mm_run(&s, A, B, bias, C, scratch, scratch_bytes);
+}
+
 const char *mf_gemm_bf16_impl(void) {
     static char name[64];
     mf_mm s = bf16_call(256, 768, 768, 0, 0, 0, 0, 0);

@@ -192,3 +192,50 @@ void mf_swiglu_backward(float *dgate, float *dup, const float *dout, const float
         dup[i] = d * (g * s);
     }
 }
+
+/* ---- 16-bit outputs (mixed precision) ------------------------------------
+ * The same formulas with the output that feeds a GEMM rounded to bf16/fp16
+ * (nearest-even) as it is written; rstd is computed exactly as
+ * mf_rmsnorm_forward computes it, so the fp32 backward reads the same
+ * statistics whether the forward was 16-bit or not. */
+#include "memfit/half.h"
+
+static inline uint16_t ll_round16(mf_dtype dt, float x) {
+    return dt == MF_DTYPE_BF16 ? mf_f32_to_bf16(x) : mf_f32_to_fp16(x);
+}
+
+void mf_rmsnorm_forward16(void *out, mf_dtype dt, float *rstd, const float *inp, const float *w, int N, int C,
+                          float eps) {
+    if (N <= 0 || C <= 0) return;
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_LL_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        uint16_t *o = (uint16_t *)out + (size_t)n * C;
+        double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        const float r = (float)(1.0 / sqrt(ss / C + (double)eps));
+        rstd[n] = r;
+        for (int c = 0; c < C; c++) o[c] = ll_round16(dt, (x[c] * r) * w[c]);
+    }
+}
+
+void mf_swiglu_forward16(void *out, mf_dtype dt, const float *gate, const float *up, size_t n) {
+    uint16_t *o = out;
+#pragma omp parallel for schedule(static) if (n >= MF_LL_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        o[i] = ll_round16(dt, g / (1.0f + mf_vexpf(-g)) * up[i]);  /* mf_swiglu_forward's value, rounded */
+    }
+}
+
+void mf_embed_forward16(float *out, const int32_t *inp, const void *wte, mf_dtype dt, int N, int C) {
+    const uint16_t *w = wte;
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_LL_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const uint16_t *r = w + (size_t)inp[n] * C;
+        float *o = out + (size_t)n * C;
+        if (dt == MF_DTYPE_BF16) for (int c = 0; c < C; c++) o[c] = mf_bf16_to_f32(r[c]);
+        else for (int c = 0; c < C; c++) o[c] = mf_fp16_to_f32(r[c]);
+    }
+}

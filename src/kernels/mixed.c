@@ -163,6 +163,14 @@ void mf_gemm16(mf_dtype dt, float *C, const void *A, const void *B, const float 
     f16_gemm(C, A, B, M, N, K, tA, tB, beta, scratch);
 }
 
+void mf_gemm16_ldc(mf_dtype dt, float *C, int ldc, const void *A, const void *B, const float *bias, int M, int N,
+                   int K, int tA, int tB, int accumulate, void *scratch, size_t scratch_bytes) {
+    if (M <= 0 || N <= 0) return;
+    if (dt != MF_DTYPE_BF16 || K <= 0 || ldc < N) mf_panic("mf_gemm16_ldc: bf16 with K > 0 and ldc >= N only");
+    if (mf_gemm_bf16_ldc(C, ldc, A, B, bias, M, N, K, tA, tB, accumulate, scratch, scratch_bytes))
+        mf_panic("bf16 GEMM %dx%dx%d failed (a memfit bug: the plan sized its scratch): %s", M, N, K, mf_error());
+}
+
 void mf_matmul16_forward(mf_dtype dt, float *out, const void *inp, const void *w, const float *bias, int N, int C,
                          int OC, int accumulate, void *scratch, size_t scratch_bytes) {
     mf_gemm16(dt, out, inp, w, bias, N, OC, C, 0, 0, accumulate, scratch, scratch_bytes);

@@ -351,9 +351,9 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     }
     int llama = d->arch == MF_ARCH_LLAMA;
     if (llama && lora && lora->r > 0) return mf_fail("lora: adapters on Llama-family models are not supported yet (full fine-tuning is)");
-    if (llama && mode == MF_MODE_TRAIN && opt->compute != MF_DTYPE_F32)
-        return mf_fail("precision %s: Llama-family models train in fp32 only so far (use --precision fp32)",
-                       opt->compute == MF_DTYPE_BF16 ? "bf16" : "fp16");
+    if (llama && mode == MF_MODE_TRAIN && opt->compute == MF_DTYPE_F16)
+        return mf_fail("precision fp16: Llama-family models train in fp32 or bf16 (fp16 has no fast GEMM here and "
+                       "bf16 needs no loss scaling)");
     m->lora_u = m->lora_du = m->lora_xf = m->lora_xb = m->qscr_f = m->qscr_b = -1;
     m->comm = -1;
     m->rope = -1;
@@ -616,9 +616,14 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (m->cdt != MF_DTYPE_F32 && !ad.err) {
         /* 16-bit: rounded GEMM operands that are not kept */
         int g0 = mf_phase_layer_fwd(m, 0), g1 = train ? mf_phase_layer_bwd(m, 0) : hf;
-        m->in16 = add(&ad, "work.gemm_in16", MF_CAT_WORK, m->cdt, 2, N, C, 0, 0, g0, g1, -1);
+        /* the attention output rounded for the output projection; every
+         * GEMM's output gradient rounded (the widest: GPT-2's 4C, a
+         * Llama's MLP width or its query heads) */
+        int64_t dw16 = I > AO ? I : AO;
+        if (dw16 < C) dw16 = C;
+        m->in16 = add(&ad, "work.gemm_in16", MF_CAT_WORK, m->cdt, 2, N, AO > C ? AO : C, 0, 0, g0, g1, -1);
         if (train) {
-            m->dout16 = add(&ad, "work.gemm_dout16", MF_CAT_WORK, m->cdt, 2, N, 4 * C, 0, 0,
+            m->dout16 = add(&ad, "work.gemm_dout16", MF_CAT_WORK, m->cdt, 2, N, dw16, 0, 0,
                             mf_phase_layer_bwd(m, L - 1), g1, -1);
             m->dlogits16 = add(&ad, "work.dlogits16", MF_CAT_WORK, m->cdt, 2, m->chunk_rows, d->Vp, 0, 0, hf, hf, -1);
         }
@@ -968,7 +973,8 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     const int32_t *inp = mf_arena_get(a, m->inputs);
     int h16 = m->cdt != MF_DTYPE_F32;
     if (llama) {
-        mf_embed_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), N, C);
+        if (h16) mf_embed_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, N, C);
+        else mf_embed_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), N, C);
         mf_llama_rope_fill(m, a, T);
     } else if (h16) mf_encoder_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, tensor_p(m, a, WPE), B, T, C);
     else mf_encoder_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), tensor_p(m, a, WPE), B, T, C);
@@ -985,7 +991,8 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     void *gs = h16 ? mf_arena_get(a, m->gemm_scratch) : NULL;
     size_t gb = m->gemm_scratch_bytes;
     sgemm_scratch(m, a);
-    if (llama) mf_rmsnorm_forward(lnf, BUF(m->lnf_rstd), BUF(m->res[L]), tensor_p(m, a, LNF_W), N, C, m->d.eps);
+    if (llama && h16) mf_rmsnorm_forward16(lnf, dt, BUF(m->lnf_rstd), BUF(m->res[L]), tensor_p(m, a, LNF_W), N, C, m->d.eps);
+    else if (llama) mf_rmsnorm_forward(lnf, BUF(m->lnf_rstd), BUF(m->res[L]), tensor_p(m, a, LNF_W), N, C, m->d.eps);
     else if (h16) mf_layernorm_forward16(lnf, dt, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
                                     tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
     else mf_layernorm_forward(lnf, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),

@@ -21,20 +21,48 @@
  */
 #include "internal.h"
 
+#include "memfit/half.h"
+
 #include <omp.h>
 #include <string.h>
 
 #define BUF(id) ((float *)mf_arena_get(a, (id)))
-#define LP(l, k) mf_model_tensor_p(m, a, m->t_layer0 + (l) * m->nlt + m->lt[k])
+#define LP(l, k) (void *)mf_model_tensor_p(m, a, m->t_layer0 + (l) * m->nlt + m->lt[k])
 #define LG(l, k) mf_model_tensor_g(m, a, m->t_layer0 + (l) * m->nlt + m->lt[k])
 /* an optional tensor (the q/k/v biases) */
 #define LPO(l, k) (m->lt[k] >= 0 ? LP(l, k) : NULL)
 #define LGO(l, k) (m->lt[k] >= 0 ? LG(l, k) : NULL)
 
+/* A block's GEMMs in the run's precision. fp32: operands as they are,
+ * through mf_sgemm. 16-bit (bf16): the activations GEMMs read are stored
+ * 16-bit (ln1, ln2, h; the attention output is rounded into in16), the
+ * weights are 16-bit compute copies, and each output gradient is rounded
+ * into d16 before its two products; accumulation, outputs, bias sums and
+ * gradients stay fp32 (docs/precision.md). */
+typedef struct {
+    int h16;
+    mf_dtype dt;
+    void *gs, *d16;  /* the planned GEMM scratch and rounded-gradient rows */
+    size_t gb;
+} lin_ctx;
+
+static lin_ctx lin_ctx_of(mf_model *m, mf_arena *a) {
+    lin_ctx c = {m->cdt != MF_DTYPE_F32, m->cdt, NULL, NULL, 0};
+    if (c.h16) {
+        c.gs = mf_arena_get(a, m->gemm_scratch), c.gb = m->gemm_scratch_bytes;
+        if (m->mode == MF_MODE_TRAIN && a->phase >= mf_phase_head_bwd(m)) c.d16 = mf_arena_get(a, m->dout16);
+    }
+    return c;
+}
+
 /* y (N rows of ldy; OC columns written) = beta * y + x (N,K) W^T + bias,
  * W (OC,K) */
-static void lin_fwd(float *y, int ldy, const float *x, const float *W, const float *bias, int N, int K, int OC,
-                    float beta) {
+static void lin_fwd(const lin_ctx *c, float *y, int ldy, const void *x, const void *W, const float *bias, int N,
+                    int K, int OC, float beta) {
+    if (c->h16) {
+        mf_gemm16_ldc(c->dt, y, ldy, x, W, bias, N, OC, K, 0, 1, beta != 0.0f, c->gs, c->gb);
+        return;
+    }
     mf_sgemm(0, 1, N, OC, K, 1.0f, x, K, W, K, beta, y, ldy);
     if (!bias) return;
 #pragma omp parallel for schedule(static)
@@ -47,9 +75,15 @@ static void lin_fwd(float *y, int ldy, const float *x, const float *W, const flo
 /* The backward of lin_fwd for dy (N rows of ldy, OC columns):
  * dW (OC,K) += dy^T x, db (OC) += column sums of dy (each NULL: skipped),
  * then dx (N,K) = beta * dx + dy W. dW goes first, so x may be dx's buffer. */
-static void lin_bwd(float *dx, float beta, float *dW, float *db, const float *dy, int ldy, const float *x,
-                    const float *W, int N, int K, int OC) {
-    if (dW) mf_sgemm(1, 0, OC, K, N, 1.0f, dy, ldy, x, K, 1.0f, dW, K);
+static void lin_bwd(const lin_ctx *c, float *dx, float beta, float *dW, float *db, const float *dy, int ldy,
+                    const void *x, const void *W, int N, int K, int OC) {
+    if (c->h16) {
+        uint16_t *d16 = c->d16;
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++) mf_half_from_f32(c->dt, d16 + (size_t)n * OC, dy + (size_t)n * ldy, (size_t)OC);
+        if (dW) mf_gemm16(c->dt, dW, d16, x, NULL, OC, K, N, 1, 0, 1, c->gs, c->gb);
+    } else if (dW)
+        mf_sgemm(1, 0, OC, K, N, 1.0f, dy, ldy, x, K, 1.0f, dW, K);
     if (db) {
         /* per column, rows in order: the same sums whatever the threads */
 #pragma omp parallel for schedule(static)
@@ -59,7 +93,8 @@ static void lin_bwd(float *dx, float beta, float *dW, float *db, const float *dy
             db[o] += s;
         }
     }
-    mf_sgemm(0, 0, N, K, OC, 1.0f, dy, ldy, W, K, beta, dx, K);
+    if (c->h16) mf_gemm16(c->dt, dx, c->d16, W, NULL, N, K, OC, 0, 0, beta != 0.0f, c->gs, c->gb);
+    else mf_sgemm(0, 0, N, K, OC, 1.0f, dy, ldy, W, K, beta, dx, K);
 }
 
 void mf_embed_forward(float *out, const int32_t *inp, const float *wte, int N, int C) {
@@ -91,57 +126,78 @@ void mf_llama_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int r
     int C = d->C, N = B * T, AO = d->NH * d->hd, KV = d->NKV * d->hd, QKV = AO + 2 * KV, I = d->ffn;
     const mf_layer_acts *A = recompute ? &m->racts[l] : &m->acts[l];
     const int *res = recompute ? m->rres : m->res;
-    float *x = BUF(res[l]), *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *atty = BUF(A->atty);
-    mf_rmsnorm_forward(ln1, BUF(A->ln1_rstd), x, LP(l, MF_LT_LN1), N, C, d->eps);
-    lin_fwd(qkv, QKV, ln1, LP(l, MF_LT_Q), LPO(l, MF_LT_QB), N, C, AO, 0.0f);
-    lin_fwd(qkv + AO, QKV, ln1, LP(l, MF_LT_K), LPO(l, MF_LT_KB), N, C, KV, 0.0f);
-    lin_fwd(qkv + AO + KV, QKV, ln1, LP(l, MF_LT_V), LPO(l, MF_LT_VB), N, C, KV, 0.0f);
+    lin_ctx c = lin_ctx_of(m, a);
+    float *x = BUF(res[l]), *qkv = BUF(A->qkv), *atty = BUF(A->atty);
+    void *ln1 = mf_arena_get(a, A->ln1), *ln2 = mf_arena_get(a, A->ln2), *h = mf_model_mlp_out(m, a, A);
+    if (c.h16) mf_rmsnorm_forward16(ln1, c.dt, BUF(A->ln1_rstd), x, LP(l, MF_LT_LN1), N, C, d->eps);
+    else mf_rmsnorm_forward(ln1, BUF(A->ln1_rstd), x, LP(l, MF_LT_LN1), N, C, d->eps);
+    lin_fwd(&c, qkv, QKV, ln1, LP(l, MF_LT_Q), LPO(l, MF_LT_QB), N, C, AO, 0.0f);
+    lin_fwd(&c, qkv + AO, QKV, ln1, LP(l, MF_LT_K), LPO(l, MF_LT_KB), N, C, KV, 0.0f);
+    lin_fwd(&c, qkv + AO + KV, QKV, ln1, LP(l, MF_LT_V), LPO(l, MF_LT_VB), N, C, KV, 0.0f);
     mf_rope_apply(qkv, BUF(m->rope), NULL, B, T, d->NH, d->NKV, d->hd, 0);
     mf_flash_attention_gqa_forward(atty, BUF(A->lse), qkv, B, T, d->NH, d->NKV, d->hd, d->window);
     float *xmid = BUF(A->xmid);
     memcpy(xmid, x, (size_t)N * C * sizeof(float));
-    lin_fwd(xmid, C, atty, LP(l, MF_LT_O), NULL, N, AO, C, 1.0f);
-    float *ln2 = BUF(A->ln2), *gate = BUF(A->fch), *up = BUF(A->up), *h = mf_model_mlp_out(m, a, A);
-    mf_rmsnorm_forward(ln2, BUF(A->ln2_rstd), xmid, LP(l, MF_LT_LN2), N, C, d->eps);
-    lin_fwd(gate, I, ln2, LP(l, MF_LT_GATE), NULL, N, C, I, 0.0f);
-    lin_fwd(up, I, ln2, LP(l, MF_LT_UP), NULL, N, C, I, 0.0f);
-    mf_swiglu_forward(h, gate, up, (size_t)N * I);
+    const void *ain = atty;
+    if (c.h16) {  /* the attention output stays fp32 (its backward reads it); o_proj reads it rounded */
+        mf_half_from_f32(c.dt, mf_arena_get(a, m->in16), atty, (size_t)N * AO);
+        ain = mf_arena_get(a, m->in16);
+    }
+    lin_fwd(&c, xmid, C, ain, LP(l, MF_LT_O), NULL, N, AO, C, 1.0f);
+    float *gate = BUF(A->fch), *up = BUF(A->up);
+    if (c.h16) mf_rmsnorm_forward16(ln2, c.dt, BUF(A->ln2_rstd), xmid, LP(l, MF_LT_LN2), N, C, d->eps);
+    else mf_rmsnorm_forward(ln2, BUF(A->ln2_rstd), xmid, LP(l, MF_LT_LN2), N, C, d->eps);
+    lin_fwd(&c, gate, I, ln2, LP(l, MF_LT_GATE), NULL, N, C, I, 0.0f);
+    lin_fwd(&c, up, I, ln2, LP(l, MF_LT_UP), NULL, N, C, I, 0.0f);
+    if (c.h16) mf_swiglu_forward16(h, c.dt, gate, up, (size_t)N * I);
+    else mf_swiglu_forward(h, gate, up, (size_t)N * I);
     if (!write_out) return;
     float *out = BUF(res[l + 1]);
     memcpy(out, xmid, (size_t)N * C * sizeof(float));
-    lin_fwd(out, C, h, LP(l, MF_LT_DOWN), NULL, N, I, C, 1.0f);
+    lin_fwd(&c, out, C, h, LP(l, MF_LT_DOWN), NULL, N, I, C, 1.0f);
 }
 
 void mf_llama_block_backward(mf_model *m, mf_arena *a, int l, int B, int T) {
     const mf_dims *d = &m->d;
     int C = d->C, N = B * T, AO = d->NH * d->hd, KV = d->NKV * d->hd, QKV = AO + 2 * KV, I = d->ffn;
     const mf_layer_acts *A = &m->racts[l];
+    lin_ctx c = lin_ctx_of(m, a);
     float *x = BUF(m->rres[l]), *gate = BUF(A->fch), *up = BUF(A->up);
+    void *ln1 = mf_arena_get(a, A->ln1), *ln2 = mf_arena_get(a, A->ln2), *h = mf_model_mlp_out(m, a, A);
     if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE) {
         /* rebuild the element-wise outputs from the kept inputs (the same
          * kernels on the same inputs: bit-identical to the forward's) */
-        mf_rmsnorm_forward(BUF(A->ln1), BUF(A->ln1_rstd), x, LP(l, MF_LT_LN1), N, C, d->eps);
-        mf_rmsnorm_forward(BUF(A->ln2), BUF(A->ln2_rstd), BUF(A->xmid), LP(l, MF_LT_LN2), N, C, d->eps);
-        mf_swiglu_forward(mf_model_mlp_out(m, a, A), gate, up, (size_t)N * I);
+        if (c.h16) {
+            mf_rmsnorm_forward16(ln1, c.dt, BUF(A->ln1_rstd), x, LP(l, MF_LT_LN1), N, C, d->eps);
+            mf_rmsnorm_forward16(ln2, c.dt, BUF(A->ln2_rstd), BUF(A->xmid), LP(l, MF_LT_LN2), N, C, d->eps);
+            mf_swiglu_forward16(h, c.dt, gate, up, (size_t)N * I);
+        } else {
+            mf_rmsnorm_forward(ln1, BUF(A->ln1_rstd), x, LP(l, MF_LT_LN1), N, C, d->eps);
+            mf_rmsnorm_forward(ln2, BUF(A->ln2_rstd), BUF(A->xmid), LP(l, MF_LT_LN2), N, C, d->eps);
+            mf_swiglu_forward(h, gate, up, (size_t)N * I);
+        }
     }
     float *dres = BUF(m->dres), *dln = BUF(m->dln), *dbig = BUF(m->dbig), *dqkv = BUF(m->dqkv);
     /* MLP: out = xmid + (silu(gate) * up) Wd^T. h may live in dbig itself:
      * lin_bwd reads it for dWd before dh overwrites it. dgate and dup then
      * overwrite the gate and up rows (their last reader is this step). */
-    lin_bwd(dbig, 0.0f, LG(l, MF_LT_DOWN), NULL, dres, C, mf_model_mlp_out(m, a, A), LP(l, MF_LT_DOWN), N, I, C);
+    lin_bwd(&c, dbig, 0.0f, LG(l, MF_LT_DOWN), NULL, dres, C, h, LP(l, MF_LT_DOWN), N, I, C);
     mf_swiglu_backward(gate, up, dbig, gate, up, (size_t)N * I);
-    float *ln2 = BUF(A->ln2);
-    lin_bwd(dln, 0.0f, LG(l, MF_LT_GATE), NULL, gate, I, ln2, LP(l, MF_LT_GATE), N, C, I);
-    lin_bwd(dln, 1.0f, LG(l, MF_LT_UP), NULL, up, I, ln2, LP(l, MF_LT_UP), N, C, I);
+    lin_bwd(&c, dln, 0.0f, LG(l, MF_LT_GATE), NULL, gate, I, ln2, LP(l, MF_LT_GATE), N, C, I);
+    lin_bwd(&c, dln, 1.0f, LG(l, MF_LT_UP), NULL, up, I, ln2, LP(l, MF_LT_UP), N, C, I);
     mf_rmsnorm_backward(dres, LG(l, MF_LT_LN2), dln, BUF(A->xmid), LP(l, MF_LT_LN2), BUF(A->ln2_rstd), N, C);
     /* attention: xmid = x + attn(rope(ln1 Wqkv^T)) Wo^T; d(atty) in dln */
-    lin_bwd(dln, 0.0f, LG(l, MF_LT_O), NULL, dres, C, BUF(A->atty), LP(l, MF_LT_O), N, AO, C);
+    const void *ain = BUF(A->atty);
+    if (c.h16) {
+        mf_half_from_f32(c.dt, mf_arena_get(a, m->in16), BUF(A->atty), (size_t)N * AO);
+        ain = mf_arena_get(a, m->in16);
+    }
+    lin_bwd(&c, dln, 0.0f, LG(l, MF_LT_O), NULL, dres, C, ain, LP(l, MF_LT_O), N, AO, C);
     mf_flash_attention_gqa_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse), B, T,
                                     d->NH, d->NKV, d->hd, d->window);
     mf_rope_apply(dqkv, BUF(m->rope), NULL, B, T, d->NH, d->NKV, d->hd, 1);
-    float *ln1 = BUF(A->ln1);
-    lin_bwd(dln, 0.0f, LG(l, MF_LT_Q), LGO(l, MF_LT_QB), dqkv, QKV, ln1, LP(l, MF_LT_Q), N, C, AO);
-    lin_bwd(dln, 1.0f, LG(l, MF_LT_K), LGO(l, MF_LT_KB), dqkv + AO, QKV, ln1, LP(l, MF_LT_K), N, C, KV);
-    lin_bwd(dln, 1.0f, LG(l, MF_LT_V), LGO(l, MF_LT_VB), dqkv + AO + KV, QKV, ln1, LP(l, MF_LT_V), N, C, KV);
+    lin_bwd(&c, dln, 0.0f, LG(l, MF_LT_Q), LGO(l, MF_LT_QB), dqkv, QKV, ln1, LP(l, MF_LT_Q), N, C, AO);
+    lin_bwd(&c, dln, 1.0f, LG(l, MF_LT_K), LGO(l, MF_LT_KB), dqkv + AO, QKV, ln1, LP(l, MF_LT_K), N, C, KV);
+    lin_bwd(&c, dln, 1.0f, LG(l, MF_LT_V), LGO(l, MF_LT_VB), dqkv + AO + KV, QKV, ln1, LP(l, MF_LT_V), N, C, KV);
     mf_rmsnorm_backward(dres, LG(l, MF_LT_LN1), dln, x, LP(l, MF_LT_LN1), BUF(A->ln1_rstd), N, C);
 }
