@@ -135,6 +135,22 @@ void mf_quant_matmul_forward(float *out, const float *inp, const void *wq, const
 void mf_quant_matmul_backward_input(float *dinp, const float *dout, const void *wq, int M, int K, int N,
                                     mf_quant_kind k, void *scratch);
 
+/* The same for an nn.Linear weight (the Llama family's layout): W (N,K)
+ * stored quantised, row n holding output n's K weights.
+ *   out (M rows of ldo; columns 0..N-1) = beta * out + inp (M,K) @ W^T + bias
+ *   dinp (M,K) += dout (M rows of ldd; N columns) @ W          (accumulates)
+ * beta is 0 (overwrite) or 1 (accumulate: a residual already in out); ldo
+ * and ldd >= N (q, k and v write column ranges of one wider row). W is
+ * dequantised a tile of rows (forward) or a tile of row pieces (backward)
+ * at a time into scratch, never whole; one OpenMP region per call; results
+ * do not depend on the thread count beyond fp32 summation order. scratch:
+ * mf_quant_linear_scratch_bytes(k, M, K, N) bytes (0 for fp32). */
+size_t mf_quant_linear_scratch_bytes(mf_quant_kind k, int M, int K, int N);
+void mf_quant_linear_forward(float *out, int ldo, const float *inp, const void *wq, const float *bias, int M, int K,
+                             int N, float beta, mf_quant_kind k, void *scratch);
+void mf_quant_linear_backward_input(float *dinp, const float *dout, int ldd, const void *wq, int M, int K, int N,
+                                    mf_quant_kind k, void *scratch);
+
 #ifdef __cplusplus
 }
 #endif
