@@ -27,14 +27,24 @@
 extern "C" {
 #endif
 
-/* The four GPT-2 matmuls an adapter can sit on (Hugging Face names). */
+/* The matmuls an adapter can sit on (Hugging Face module names): GPT-2's
+ * four, then the Llama family's seven (PEFT's target_modules names). */
 typedef enum {
     MF_LORA_ATTN_C_ATTN,  /* attn.c_attn: (C -> 3C) */
     MF_LORA_ATTN_C_PROJ,  /* attn.c_proj: (C -> C) */
     MF_LORA_MLP_C_FC,     /* mlp.c_fc: (C -> 4C) */
     MF_LORA_MLP_C_PROJ,   /* mlp.c_proj: (4C -> C) */
+    MF_LORA_Q_PROJ,       /* self_attn.q_proj: (C -> NH hd) */
+    MF_LORA_K_PROJ,       /* self_attn.k_proj: (C -> NKV hd) */
+    MF_LORA_V_PROJ,       /* self_attn.v_proj: (C -> NKV hd) */
+    MF_LORA_O_PROJ,       /* self_attn.o_proj: (NH hd -> C) */
+    MF_LORA_GATE_PROJ,    /* mlp.gate_proj: (C -> ffn) */
+    MF_LORA_UP_PROJ,      /* mlp.up_proj: (C -> ffn) */
+    MF_LORA_DOWN_PROJ,    /* mlp.down_proj: (ffn -> C) */
     MF_LORA_TARGETS
 } mf_lora_target;
+#define MF_LORA_GPT2_TARGETS 0x00Fu   /* bits of GPT-2's targets */
+#define MF_LORA_LLAMA_TARGETS 0x7F0u  /* bits of the Llama family's */
 
 typedef struct {
     int r;             /* rank; 0 = LoRA off */
@@ -42,6 +52,7 @@ typedef struct {
     float dropout;     /* probability an input element is dropped, [0, 1) */
     unsigned targets;  /* bit k set: target k has an adapter */
     int base;          /* storage of the frozen base's Conv1D weights: an mf_quant_kind (0 = fp32) */
+    int targets_given; /* targets= was in the setting (else the model family's default) */
 } mf_lora_cfg;
 
 /* Parses "r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,..."
@@ -49,9 +60,12 @@ typedef struct {
  * targets). Defaults: alpha = r, dropout 0, targets attn.c_attn (PEFT's GPT-2
  * default). "" or "off" = LoRA off. -1 with a one-line message otherwise. */
 int mf_lora_parse(const char *s, mf_lora_cfg *out);
-/* "attn.c_attn", ... */
+/* "attn.c_attn", ..., "q_proj", ... (PEFT's target_modules names) */
 const char *mf_lora_target_name(int k);
-/* Input and output width of target k in a model of width C. */
+/* The module's path inside a block: "attn.c_attn", "self_attn.q_proj", "mlp.gate_proj". */
+const char *mf_lora_target_path(int k);
+/* Input and output width of GPT-2 target k in a model of width C (the
+ * Llama family's: mf_model_lora_dims in model.h). */
 void mf_lora_target_dims(int k, int C, int *in, int *out);
 /* Targets set in cfg (bit count). */
 int mf_lora_n_targets(const mf_lora_cfg *cfg);
@@ -72,6 +86,9 @@ uint64_t mf_lora_dropout_seed(uint64_t seed, uint64_t micro_step, int layer, int
  * Forward: u (N,r) = dropout(x) @ A^T; out (N,out) += scale * u @ B^T. */
 void mf_lora_forward(float *out, float *u, float *xd, const float *x, const float *A, const float *B,
                      int N, int in, int outd, int r, float scale, float p, uint64_t dseed);
+/* The same with out's rows ldo floats apart (an output in a column range). */
+void mf_lora_forward_ld(float *out, int ldo, float *u, float *xd, const float *x, const float *A, const float *B,
+                        int N, int in, int outd, int r, float scale, float p, uint64_t dseed);
 /* Backward, first half (before the base matmul's backward overwrites its
  * input, which may share a buffer with x): recomputes u from x, then
  *   dB (out,r) += scale * dout^T @ u,  du (N,r) = scale * dout @ B,
@@ -79,6 +96,10 @@ void mf_lora_forward(float *out, float *u, float *xd, const float *x, const floa
 void mf_lora_backward_params(float *du, float *dA, float *dB, float *u, float *xd, const float *dout,
                              const float *x, const float *A, const float *B, int N, int in, int outd, int r,
                              float scale, float p, uint64_t dseed);
+/* The same with dout's rows ldd floats apart. */
+void mf_lora_backward_params_ld(float *du, float *dA, float *dB, float *u, float *xd, const float *dout, int ldd,
+                                const float *x, const float *A, const float *B, int N, int in, int outd, int r,
+                                float scale, float p, uint64_t dseed);
 /* Backward, second half: dx (N,in) += dropout'(du @ A) (the same mask).
  * With p > 0, xd (N,in) is scratch. */
 void mf_lora_backward_input(float *dx, float *xd, const float *du, const float *A, int N, int in, int r,

@@ -71,6 +71,8 @@ int mf_model_dims_check(mf_dims *d);
  * "llama:..." with every field for the Llama family), and back (validated). */
 int mf_model_dims_str(const mf_dims *d, char *buf, size_t n);
 int mf_model_dims_parse(const char *s, mf_dims *d);
+/* Input and output width of LoRA target k (lora.h) in a model of shape d. */
+void mf_model_lora_dims(const mf_dims *d, int k, int *in, int *out);
 /* Hugging Face folders (hf.c). read_config: DIR/config.json into d (Llama,
  * Qwen2, Mistral), -1 naming the file and the problem; write_config: the
  * same keys back (atomically). weight_files: the safetensors files of DIR
@@ -244,6 +246,11 @@ int mf_lora_tensor(const mf_model *m, int l, int k); /* index of lora_A (lora_B 
 void mf_lora_layer_forward(mf_model *m, mf_arena *a, int l, int k, const float *x, float *y, int N);
 void mf_lora_layer_backward_params(mf_model *m, mf_arena *a, int l, int k, const float *dy, const float *x, int N);
 void mf_lora_layer_backward_input(mf_model *m, mf_arena *a, int l, int k, float *dx, int N);
+/* The same with the output (gradient) rows ldy floats apart: q, k and v
+ * write column ranges of the Llama block's qkv rows. */
+void mf_lora_layer_forward_ld(mf_model *m, mf_arena *a, int l, int k, const float *x, float *y, int ldy, int N);
+void mf_lora_layer_backward_params_ld(mf_model *m, mf_arena *a, int l, int k, const float *dy, int ldy,
+                                      const float *x, int N);
 /* PEFT's init: every lora_A Kaiming-uniform (seeded per tensor), lora_B zero. */
 void mf_lora_init_weights(mf_model *m, mf_arena *a, uint64_t seed);
 /* Adapters in PEFT's layout (src/lora/adapter.c): DIR/adapter_model.safetensors

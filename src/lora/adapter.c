@@ -1,7 +1,9 @@
 /* LoRA adapters on disk in PEFT's layout (what PeftModel.save_pretrained
- * writes for a GPT-2 model): adapter_model.safetensors with the names
- * base_model.model.transformer.h.{i}.<target>.lora_A.weight (r, in) and
- * ...lora_B.weight (out, r), fp32, and adapter_config.json. */
+ * writes): adapter_model.safetensors with the names
+ *   GPT-2: base_model.model.transformer.h.{i}.<target>.lora_A.weight
+ *   Llama: base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight
+ * (r, in) and ...lora_B.weight (out, r), fp32, and adapter_config.json
+ * (fan_in_fan_out true for GPT-2's Conv1D, false for nn.Linear). */
 #include "memfit/io.h"
 #include "memfit/lora.h"
 #include "memfit/model.h"
@@ -11,7 +13,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define PEFT_PREFIX "base_model.model.transformer."
+/* the PEFT prefix before memfit's tensor name (which is the HF name
+ * inside the model: GPT-2's drop "transformer.") */
+static const char *peft_prefix(const mf_model *m) {
+    return m->d.arch == MF_ARCH_LLAMA ? "base_model.model." : "base_model.model.transformer.";
+}
 
 int mf_lora_save_adapter(const mf_model *m, const mf_arena *a, const char *dir, const char *base_name) {
     if (m->lora.r <= 0) return mf_fail("save_adapter: this model has no LoRA adapters");
@@ -22,7 +28,7 @@ int mf_lora_save_adapter(const mf_model *m, const mf_arena *a, const char *dir, 
     if (!e || !names) { free(e); free(names); return mf_fail("out of memory writing the adapter"); }
     for (int i = 0; i < n; i++) {
         const mf_tensor *t = &m->tensors[m->lora_first + i];
-        snprintf(names[i], sizeof names[i], PEFT_PREFIX "%s", t->name);
+        snprintf(names[i], sizeof names[i], "%s%s", peft_prefix(m), t->name);
         e[i] = (mf_st_entry){.name = names[i], .dtype = MF_DTYPE_F32, .ndim = 2, .shape = {t->shape[0], t->shape[1]},
                              .data = mf_arena_ptr(a, t->p), .nbytes = (size_t)t->numel * sizeof(float)};
     }
@@ -49,7 +55,8 @@ int mf_lora_save_adapter(const mf_model *m, const mf_arena *a, const char *dir, 
     int first = 1;
     for (int k = 0; k < MF_LORA_TARGETS; k++)
         if (m->lora.targets >> k & 1) fprintf(af.fp, "%s\"%s\"", first ? "" : ", ", mf_lora_target_name(k)), first = 0;
-    fprintf(af.fp, "],\n  \"fan_in_fan_out\": true,\n  \"bias\": \"none\",\n  \"inference_mode\": true,\n"
+    fprintf(af.fp, "],\n  \"fan_in_fan_out\": %s,\n  \"bias\": \"none\",", m->d.arch == MF_ARCH_LLAMA ? "false" : "true");
+    fprintf(af.fp, "\n  \"inference_mode\": true,\n"
                    "  \"init_lora_weights\": true,\n  \"modules_to_save\": null,\n  \"use_rslora\": false,\n"
                    "  \"use_dora\": false\n}\n");
     return mf_atomic_commit(&af);
@@ -74,7 +81,7 @@ int mf_lora_load_adapter(mf_model *m, mf_arena *a, const char *dir) {
     for (int i = 0; i < n && !rc; i++) {
         const mf_tensor *t = &m->tensors[m->lora_first + i];
         char nm[128];
-        snprintf(nm, sizeof nm, PEFT_PREFIX "%s", t->name);
+        snprintf(nm, sizeof nm, "%s%s", peft_prefix(m), t->name);
         const mf_st_tensor *s = mf_st_find(&f, nm);
         if (!s) {
             rc = mf_fail("%s: no tensor '%s' (the adapter's layers or targets differ from this --lora setting)", path, nm);
@@ -92,7 +99,7 @@ int mf_lora_load_adapter(mf_model *m, mf_arena *a, const char *dir) {
         int known = 0;
         for (int i = 0; i < n && !known; i++) {
             char nm[128];
-            snprintf(nm, sizeof nm, PEFT_PREFIX "%s", m->tensors[m->lora_first + i].name);
+            snprintf(nm, sizeof nm, "%s%s", peft_prefix(m), m->tensors[m->lora_first + i].name);
             known = strcmp(nm, f.tensors[j].name) == 0;
         }
         if (!known) rc = mf_fail("%s: unexpected tensor '%s' (not an adapter of this --lora setting)", path, f.tensors[j].name);

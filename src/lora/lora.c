@@ -8,14 +8,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const target_names[MF_LORA_TARGETS] = {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
+static const char *const target_names[MF_LORA_TARGETS] = {
+    "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "q_proj", "k_proj", "v_proj", "o_proj",
+    "gate_proj", "up_proj", "down_proj"};
+static const char *const target_paths[MF_LORA_TARGETS] = {
+    "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "self_attn.q_proj", "self_attn.k_proj",
+    "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
 
 const char *mf_lora_target_name(int k) { return k >= 0 && k < MF_LORA_TARGETS ? target_names[k] : "?"; }
+const char *mf_lora_target_path(int k) { return k >= 0 && k < MF_LORA_TARGETS ? target_paths[k] : "?"; }
 
 void mf_lora_target_dims(int k, int C, int *in, int *out) {
-    static const int fi[MF_LORA_TARGETS] = {1, 1, 1, 4}, fo[MF_LORA_TARGETS] = {3, 1, 4, 1};
-    *in = fi[k] * C;
-    *out = fo[k] * C;
+    static const int fi[4] = {1, 1, 1, 4}, fo[4] = {3, 1, 4, 1};
+    *in = k >= 0 && k < 4 ? fi[k] * C : 0;
+    *out = k >= 0 && k < 4 ? fo[k] * C : 0;
 }
 
 int mf_lora_n_targets(const mf_lora_cfg *cfg) {
@@ -36,7 +42,9 @@ char *mf_lora_targets_str(const mf_lora_cfg *cfg, char *buf, size_t n) {
 
 static int target_index(const char *s, size_t len) {
     for (int k = 0; k < MF_LORA_TARGETS; k++)
-        if (strlen(target_names[k]) == len && strncmp(s, target_names[k], len) == 0) return k;
+        if ((strlen(target_names[k]) == len && strncmp(s, target_names[k], len) == 0) ||
+            (strlen(target_paths[k]) == len && strncmp(s, target_paths[k], len) == 0))
+            return k;
     /* PEFT users often write the last part only; it is ambiguous for c_proj */
     return -1;
 }
@@ -63,10 +71,11 @@ int mf_lora_parse(const char *s, mf_lora_cfg *out) {
         if (!eq || strcmp(key, "targets") == 0) {
             const char *t = eq ? eq + 1 : p;
             size_t tl = eq ? len - (size_t)(eq - p) - 1 : len;
-            if (eq) in_targets = 1, out->targets = 0;
+            if (eq) in_targets = 1, out->targets = 0, out->targets_given = 1;
             int k = target_index(t, tl);
             if (k < 0)
-                return mf_fail("lora '%s': unknown target '%.*s' (targets: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj)",
+                return mf_fail("lora '%s': unknown target '%.*s' (GPT-2: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj; "
+                               "Llama family: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)",
                                s, (int)tl, t);
             if (out->targets >> k & 1) return mf_fail("lora '%s': target '%.*s' given twice", s, (int)tl, t);
             out->targets |= 1u << k;
@@ -144,24 +153,35 @@ static const float *lora_input(float *xd, const float *x, int N, int in, float p
 
 void mf_lora_forward(float *out, float *u, float *xd, const float *x, const float *A, const float *B,
                      int N, int in, int outd, int r, float scale, float p, uint64_t dseed) {
+    mf_lora_forward_ld(out, outd, u, xd, x, A, B, N, in, outd, r, scale, p, dseed);
+}
+
+void mf_lora_forward_ld(float *out, int ldo, float *u, float *xd, const float *x, const float *A, const float *B,
+                        int N, int in, int outd, int r, float scale, float p, uint64_t dseed) {
     if (N <= 0) return;
     const float *xi = lora_input(xd, x, N, in, p, dseed);
     /* u (N,r) = xi (N,in) @ A^T */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, in, 1.0f, xi, in, A, in, 0.0f, u, r);
     /* out (N,outd) += scale * u @ B^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, outd, r, scale, u, r, B, r, 1.0f, out, outd);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, outd, r, scale, u, r, B, r, 1.0f, out, ldo);
 }
 
 void mf_lora_backward_params(float *du, float *dA, float *dB, float *u, float *xd, const float *dout,
                              const float *x, const float *A, const float *B, int N, int in, int outd, int r,
                              float scale, float p, uint64_t dseed) {
+    mf_lora_backward_params_ld(du, dA, dB, u, xd, dout, outd, x, A, B, N, in, outd, r, scale, p, dseed);
+}
+
+void mf_lora_backward_params_ld(float *du, float *dA, float *dB, float *u, float *xd, const float *dout, int ldd,
+                                const float *x, const float *A, const float *B, int N, int in, int outd, int r,
+                                float scale, float p, uint64_t dseed) {
     if (N <= 0) return;
     const float *xi = lora_input(xd, x, N, in, p, dseed);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, in, 1.0f, xi, in, A, in, 0.0f, u, r);
     /* dB (outd,r) += scale * dout^T @ u */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, outd, r, N, scale, dout, outd, u, r, 1.0f, dB, r);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, outd, r, N, scale, dout, ldd, u, r, 1.0f, dB, r);
     /* du (N,r) = scale * dout @ B */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, outd, scale, dout, outd, B, r, 0.0f, du, r);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, outd, scale, dout, ldd, B, r, 0.0f, du, r);
     /* dA (r,in) += du^T @ xi */
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, N, 1.0f, du, r, xi, in, 1.0f, dA, in);
 }

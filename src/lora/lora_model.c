@@ -1,4 +1,4 @@
-/* LoRA hooks the GPT-2 model calls around its targeted matmuls, and the
+/* LoRA hooks the model (GPT-2 and Llama blocks) calls around its targeted matmuls, and the
  * adapters' initialisation. The rows are the model's plan rows (gpt2.c
  * declares them); this file only reads them through the arena. */
 #include "memfit/lora.h"
@@ -27,23 +27,36 @@ static uint64_t dseed(const mf_model *m, int l, int k) {
 }
 
 void mf_lora_layer_forward(mf_model *m, mf_arena *a, int l, int k, const float *x, float *y, int N) {
+    int in, out;
+    mf_model_lora_dims(&m->d, k, &in, &out);
+    mf_lora_layer_forward_ld(m, a, l, k, x, y, out, N);
+}
+
+void mf_lora_layer_forward_ld(mf_model *m, mf_arena *a, int l, int k, const float *x, float *y, int ldy, int N) {
     int i = mf_lora_tensor(m, l, k);
     if (i < 0) return;
     int in, out;
-    mf_lora_target_dims(k, m->d.C, &in, &out);
-    mf_lora_forward(y, mf_arena_get(a, m->lora_u), drop_scratch(m, a), x, mf_arena_get(a, m->tensors[i].p),
+    mf_model_lora_dims(&m->d, k, &in, &out);
+    mf_lora_forward_ld(y, ldy, mf_arena_get(a, m->lora_u), drop_scratch(m, a), x, mf_arena_get(a, m->tensors[i].p),
                     mf_arena_get(a, m->tensors[i + 1].p), N, in, out, m->lora.r, mf_lora_scale(&m->lora),
                     dropout_p(m), dseed(m, l, k));
 }
 
 void mf_lora_layer_backward_params(mf_model *m, mf_arena *a, int l, int k, const float *dy, const float *x, int N) {
+    int in, out;
+    mf_model_lora_dims(&m->d, k, &in, &out);
+    mf_lora_layer_backward_params_ld(m, a, l, k, dy, out, x, N);
+}
+
+void mf_lora_layer_backward_params_ld(mf_model *m, mf_arena *a, int l, int k, const float *dy, int ldy,
+                                      const float *x, int N) {
     int i = mf_lora_tensor(m, l, k);
     if (i < 0) return;
     int in, out;
-    mf_lora_target_dims(k, m->d.C, &in, &out);
-    mf_lora_backward_params(mf_arena_get(a, m->lora_du), mf_arena_get(a, m->tensors[i].g),
-                            mf_arena_get(a, m->tensors[i + 1].g), mf_arena_get(a, m->lora_u), drop_scratch(m, a), dy,
-                            x, mf_arena_get(a, m->tensors[i].p), mf_arena_get(a, m->tensors[i + 1].p), N, in, out,
+    mf_model_lora_dims(&m->d, k, &in, &out);
+    mf_lora_backward_params_ld(mf_arena_get(a, m->lora_du), mf_arena_get(a, m->tensors[i].g),
+                               mf_arena_get(a, m->tensors[i + 1].g), mf_arena_get(a, m->lora_u), drop_scratch(m, a),
+                               dy, ldy, x, mf_arena_get(a, m->tensors[i].p), mf_arena_get(a, m->tensors[i + 1].p), N, in, out,
                             m->lora.r, mf_lora_scale(&m->lora), dropout_p(m), dseed(m, l, k));
 }
 
@@ -51,7 +64,7 @@ void mf_lora_layer_backward_input(mf_model *m, mf_arena *a, int l, int k, float 
     int i = mf_lora_tensor(m, l, k);
     if (i < 0) return;
     int in, out;
-    mf_lora_target_dims(k, m->d.C, &in, &out);
+    mf_model_lora_dims(&m->d, k, &in, &out);
     mf_lora_backward_input(dx, drop_scratch(m, a), mf_arena_get(a, m->lora_du), mf_arena_get(a, m->tensors[i].p), N,
                            in, m->lora.r, dropout_p(m), dseed(m, l, k));
 }

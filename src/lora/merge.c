@@ -57,7 +57,7 @@ int mf_lora_read_config(const char *dir, mf_lora_cfg *out, int *fan_in_fan_out) 
                 if (strcmp(it->valuestring, mf_lora_target_name(q)) == 0) k = q;
             if (k < 0) { rc = mf_fail("%s: target module '%s' is not one of attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj",
                                       path, cJSON_IsString(it) ? it->valuestring : "?"); break; }
-            out->targets |= 1u << k;
+            out->targets |= 1u << k, out->targets_given = 1;
         }
         if (fan_in_fan_out) *fan_in_fan_out = cJSON_IsTrue(ff);
     }

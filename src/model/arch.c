@@ -180,3 +180,17 @@ int mf_model_dims_parse(const char *s, mf_dims *d) {
     else d->arch = MF_ARCH_GPT2, d->eps = 1e-5f;
     return mf_model_dims_check(d);
 }
+
+void mf_model_lora_dims(const mf_dims *d, int k, int *in, int *out) {
+    int AO = d->NH * d->hd, KV = d->NKV * d->hd;
+    switch (k) {
+    case MF_LORA_Q_PROJ: *in = d->C, *out = AO; break;
+    case MF_LORA_K_PROJ:
+    case MF_LORA_V_PROJ: *in = d->C, *out = KV; break;
+    case MF_LORA_O_PROJ: *in = AO, *out = d->C; break;
+    case MF_LORA_GATE_PROJ:
+    case MF_LORA_UP_PROJ: *in = d->C, *out = d->ffn; break;
+    case MF_LORA_DOWN_PROJ: *in = d->ffn, *out = d->C; break;
+    default: mf_lora_target_dims(k, d->C, in, out);
+    }
+}

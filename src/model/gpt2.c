@@ -107,6 +107,11 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     /* --base_dtype: the frozen Conv1D weights (2-D, inside a block) are
      * stored quantised; embeddings, LayerNorms and biases stay fp32 */
     t->qkind = t->frozen && ndim == 2 && layer >= 0 ? m->lora.base : 0;
+    /* a Llama's frozen embedding and head under a quantised base: bf16
+     * (a gather reads rows, so no block format; the issue's "bf16
+     * embeddings" for QLoRA). GPT-2 keeps them fp32. */
+    if (t->frozen && m->d.arch == MF_ARCH_LLAMA && m->lora.base && (role == MF_ROLE_EMB || role == MF_ROLE_HEAD))
+        t->qkind = MF_QUANT_BF16;
     mf_cat pcat = t->lora ? MF_CAT_ADAPTER : MF_CAT_PARAMS, gcat = t->lora ? MF_CAT_ADAPTER : MF_CAT_GRADS;
     int shard = m->opt.zero >= 1 && m->opt.world > 1;
     if (shard) {
@@ -288,6 +293,28 @@ int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss
     return gemm_shapes(d, (int)N, (int)R, train, warm_one, &dt);
 }
 
+/* Scratch bytes of the largest quantised-base GEMM on N rows: GPT-2's four
+ * Conv1D matmuls; a Llama's seven projections and its bf16 head (a chunk
+ * of rows at a time). */
+static size_t quant_scratch_need(const mf_model *m, int N) {
+    const mf_dims *d = &m->d;
+    size_t mx = 0, b;
+    if (d->arch == MF_ARCH_LLAMA) {
+        for (int k = MF_LORA_Q_PROJ; k <= MF_LORA_DOWN_PROJ; k++) {
+            int in, out;
+            mf_model_lora_dims(d, k, &in, &out);
+            if ((b = mf_quant_linear_scratch_bytes(m->lora.base, N, in, out)) > mx) mx = b;
+        }
+        int R = N < m->chunk_rows ? N : m->chunk_rows;
+        if ((b = mf_quant_linear_scratch_bytes(MF_QUANT_BF16, R, d->C, d->Vp)) > mx) mx = b;
+        return mx;
+    }
+    static const int kin[4] = {1, 1, 1, 4}, kout[4] = {3, 1, 4, 1};
+    for (int k = 0; k < 4; k++)
+        if ((b = mf_quant_matmul_scratch_bytes(m->lora.base, N, kin[k] * d->C, kout[k] * d->C)) > mx) mx = b;
+    return mx;
+}
+
 /* The Llama family's tensors under Hugging Face's names, in nn.Linear
  * (out, in) layout: embed_tokens, per block (mf_model.lt order) the
  * attention norm, q/k/v (biases for Qwen2), o, the MLP norm, gate, up,
@@ -350,7 +377,19 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                            "frozen base in bf16, int8 or nf4)", opt->compute == MF_DTYPE_BF16 ? "bf16" : "fp16");
     }
     int llama = d->arch == MF_ARCH_LLAMA;
-    if (llama && lora && lora->r > 0) return mf_fail("lora: adapters on Llama-family models are not supported yet (full fine-tuning is)");
+    if (lora && lora->r > 0) {
+        /* each family's own modules; without targets= PEFT's defaults
+         * (GPT-2: c_attn; Llama: q_proj, v_proj) */
+        unsigned own = llama ? MF_LORA_LLAMA_TARGETS : MF_LORA_GPT2_TARGETS;
+        if (!m->lora.targets_given && llama) m->lora.targets = 1u << MF_LORA_Q_PROJ | 1u << MF_LORA_V_PROJ;
+        if (m->lora.targets & ~own) {
+            char tg[160];
+            return mf_fail("lora: targets %s are not modules of a %s model (its targets: %s)",
+                           mf_lora_targets_str(&m->lora, tg, sizeof tg), llama ? "Llama-family" : "GPT-2",
+                           llama ? "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
+                                 : "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj");
+        }
+    }
     if (llama && mode == MF_MODE_TRAIN && opt->compute == MF_DTYPE_F16)
         return mf_fail("precision fp16: Llama-family models train in fp32 or bf16 (fp16 has no fast GEMM here and "
                        "bf16 needs no loss scaling)");
@@ -439,11 +478,12 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         for (int k = 0; k < MF_LORA_TARGETS; k++) {
             if (!(m->lora.targets >> k & 1)) continue;
             int in, out, r = m->lora.r;
-            char nm[64];
-            mf_lora_target_dims(k, (int)C, &in, &out);
-            snprintf(nm, sizeof nm, "h.%d.%s.lora_A.weight", l, mf_lora_target_name(k));
+            char nm[96];
+            const char *pre = llama ? "model.layers" : "h";
+            mf_model_lora_dims(d, k, &in, &out);
+            snprintf(nm, sizeof nm, "%s.%d.%s.lora_A.weight", pre, l, mf_lora_target_path(k));
             add_tensor(m, &ad, nm, l, 2, r, in, r, 1);
-            snprintf(nm, sizeof nm, "h.%d.%s.lora_B.weight", l, mf_lora_target_name(k));
+            snprintf(nm, sizeof nm, "%s.%d.%s.lora_B.weight", pre, l, mf_lora_target_path(k));
             add_tensor(m, &ad, nm, l, 2, out, r, out, 1);
         }
 
@@ -591,7 +631,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         int64_t win = 0;
         for (int k = 0; k < MF_LORA_TARGETS; k++) {
             int in, out;
-            mf_lora_target_dims(k, (int)C, &in, &out);
+            mf_model_lora_dims(d, k, &in, &out);
             if (m->lora.targets >> k & 1 && in > win) win = in;
         }
         m->lora_u = add(&ad, "work.lora_u", MF_CAT_WORK, MF_DTYPE_F32, 2, N, m->lora.r, 0, 0, f0, b1, -1);
@@ -601,15 +641,12 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             m->lora_xb = add(&ad, "work.lora_drop.bwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, b0, b1, -1);
         }
         if (m->lora.base) {
-            /* quantised base: the tile of dequantised rows the GEMMs use */
-            static const int kin[4] = {1, 1, 1, 4}, kout[4] = {3, 1, 4, 1};
-            int64_t qs = 0;
-            for (int k = 0; k < 4; k++) {
-                int64_t b = (int64_t)mf_quant_matmul_scratch_bytes(m->lora.base, (int)N, (int)(kin[k] * C), (int)(kout[k] * C));
-                if (b > qs) qs = b;
-            }
+            /* quantised base: the tile of dequantised rows the GEMMs use
+             * (a Llama's bf16 head too, so it lives into the head phase) */
+            int64_t qs = (int64_t)quant_scratch_need(m, (int)N);
             m->qscr_bytes = (size_t)qs;
-            m->qscr_f = add(&ad, "work.quant_gemm.fwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, f0, f1, -1);
+            m->qscr_f = add(&ad, "work.quant_gemm.fwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, f0,
+                            llama ? mf_phase_head_fwd(m) : f1, -1);
             if (train) m->qscr_b = add(&ad, "work.quant_gemm.bwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, b0, b1, -1);
         }
     }
@@ -946,19 +983,14 @@ int mf_model_fits(const mf_model *m, int B, int T) {
     if (B < 1 || T < 1 || T > m->d.maxT || (int64_t)B * T > (int64_t)m->B * m->T) return 0;
     if (B > m->chunk_rows) return 0;  /* a sampling forward keeps each sequence's last logits row */
     if (B == m->B && T == m->T) return 1;
-    int64_t N = (int64_t)B * T, C = m->d.C;
+    int64_t N = (int64_t)B * T;
     /* the row-linear buffers hold N rows; what else depends on the shape */
     if (m->attn_scratch >= 0 &&
         mf_flash_attention_scratch_floats(T, m->d.hd, m->nthreads) >
             mf_flash_attention_scratch_floats(m->d.maxT, m->d.hd, m->nthreads))
         return 0;
     if (m->gemm_scratch >= 0 && gemm_scratch_need(m, (int)N) > m->gemm_scratch_bytes) return 0;
-    if (m->qscr_f >= 0) {
-        static const int kin[4] = {1, 1, 1, 4}, kout[4] = {3, 1, 4, 1};
-        for (int k = 0; k < 4; k++)
-            if (mf_quant_matmul_scratch_bytes(m->lora.base, (int)N, (int)(kin[k] * C), (int)(kout[k] * C)) > m->qscr_bytes)
-                return 0;
-    }
+    if (m->qscr_f >= 0 && quant_scratch_need(m, (int)N) > m->qscr_bytes) return 0;
     return 1;
 }
 
@@ -973,7 +1005,9 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     const int32_t *inp = mf_arena_get(a, m->inputs);
     int h16 = m->cdt != MF_DTYPE_F32;
     if (llama) {
-        if (h16) mf_embed_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, N, C);
+        if (m->tensors[WTE].qkind == MF_QUANT_BF16)  /* a frozen bf16 embedding (QLoRA) */
+            mf_embed_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), MF_DTYPE_BF16, N, C);
+        else if (h16) mf_embed_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, N, C);
         else mf_embed_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), N, C);
         mf_llama_rope_fill(m, a, T);
     } else if (h16) mf_encoder_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, tensor_p(m, a, WPE), B, T, C);
@@ -999,10 +1033,18 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
                               tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
     const float *wte = tensor_p(m, a, HW);
     int R = m->chunk_rows, Vp = m->d.Vp;
+    /* a frozen bf16 head (a Llama's QLoRA): dequantised a tile at a time */
+    mf_quant_kind hq = (mf_quant_kind)m->tensors[HW].qkind;
+    void *hqs = hq ? mf_arena_get(a, m->qscr_f) : NULL;
     if (!use_targets) {
         /* sampling: every row if they fit at once, else each sequence's last */
         m->logits_all = R >= N;
-        if (m->logits_all) {
+        if (hq && m->logits_all) mf_quant_linear_forward(logits, Vp, lnf, wte, NULL, N, C, Vp, 0.0f, hq, hqs);
+        else if (hq)
+            for (int b = 0; b < B; b++)
+                mf_quant_linear_forward(logits + (size_t)b * Vp, Vp, lnf + ((size_t)b * T + T - 1) * C, wte, NULL, 1, C,
+                                        Vp, 0.0f, hq, hqs);
+        else if (m->logits_all) {
             if (h16) mf_classifier16_forward(dt, logits, lnf, wte, N, C, Vp, gs, gb);
             else mf_classifier_forward(logits, lnf, wte, N, C, Vp);
         } else
@@ -1037,6 +1079,15 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
             continue;
         }
         const float *x = lnf + (size_t)r0 * C;
+        if (hq) {
+            mf_quant_linear_forward(logits, Vp, x, wte, NULL, rows, C, Vp, 0.0f, hq, hqs);
+            sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
+            if (dln) {
+                memset(dln + (size_t)r0 * C, 0, (size_t)rows * C * sizeof(float));
+                mf_quant_linear_backward_input(dln + (size_t)r0 * C, logits, Vp, wte, rows, C, Vp, hq, hqs);
+            }
+            continue;
+        }
         mf_classifier_forward(logits, x, wte, rows, C, Vp);
         sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
         if (dln) mf_classifier_backward(dln + (size_t)r0 * C, dwte, logits, x, wte, rows, C, Vp);

@@ -22,6 +22,7 @@
 #include "internal.h"
 
 #include "memfit/half.h"
+#include "memfit/quant.h"
 
 #include <omp.h>
 #include <string.h>
@@ -97,6 +98,51 @@ static void lin_bwd(const lin_ctx *c, float *dx, float beta, float *dW, float *d
     else mf_sgemm(0, 0, N, K, OC, 1.0f, dy, ldy, W, K, beta, dx, K);
 }
 
+/* The block's seven projections: the weight's MF_LT_* slot, its bias slot,
+ * its LoRA target. */
+static const int lt_bias[MF_LT_COUNT] = {-1, MF_LT_QB, -1, MF_LT_KB, -1, MF_LT_VB, -1, -1, -1, -1, -1, -1};
+static const int lt_lora[MF_LT_COUNT] = {-1, MF_LORA_Q_PROJ, -1, MF_LORA_K_PROJ, -1, MF_LORA_V_PROJ, -1,
+                                         MF_LORA_O_PROJ, -1, MF_LORA_GATE_PROJ, MF_LORA_UP_PROJ, MF_LORA_DOWN_PROJ};
+
+/* the quantised base's GEMM scratch for the phase we are in */
+static void *quant_scratch(mf_model *m, mf_arena *a) {
+    return mf_arena_get(a, m->mode == MF_MODE_TRAIN && a->phase >= mf_phase_head_bwd(m) ? m->qscr_b : m->qscr_f);
+}
+
+/* Projection lt of layer l: y (ldy) = beta * y + x W^T + b, then its LoRA
+ * adapter's output added; W plain (lin_fwd) or a quantised frozen base. */
+static void proj_fwd(mf_model *m, mf_arena *a, const lin_ctx *c, int l, int lt, float *y, int ldy, const void *x,
+                     int N, float beta) {
+    int in, out, k = lt_lora[lt];
+    mf_model_lora_dims(&m->d, k, &in, &out);
+    const mf_tensor *w = &m->tensors[m->t_layer0 + l * m->nlt + m->lt[lt]];
+    const float *bias = lt_bias[lt] >= 0 ? LPO(l, lt_bias[lt]) : NULL;
+    if (w->qkind)
+        mf_quant_linear_forward(y, ldy, x, LP(l, lt), bias, N, in, out, beta, (mf_quant_kind)w->qkind,
+                                quant_scratch(m, a));
+    else lin_fwd(c, y, ldy, x, LP(l, lt), bias, N, in, out, beta);
+    if (m->lora.r) mf_lora_layer_forward_ld(m, a, l, k, x, y, ldy, N);
+}
+
+/* Its backward: the adapter's parameter gradients first (x may share dx's
+ * buffer), then dx (beta: 0 overwrite, 1 accumulate) = dy W, dW and db
+ * where the base is trained, then the adapter's part of dx. */
+static void proj_bwd(mf_model *m, mf_arena *a, const lin_ctx *c, int l, int lt, float *dx, float beta,
+                     const float *dy, int ldy, const void *x, int N) {
+    int in, out, k = lt_lora[lt];
+    mf_model_lora_dims(&m->d, k, &in, &out);
+    const mf_tensor *w = &m->tensors[m->t_layer0 + l * m->nlt + m->lt[lt]];
+    if (m->lora.r) mf_lora_layer_backward_params_ld(m, a, l, k, dy, ldy, x, N);
+    if (w->qkind) {
+        if (beta == 0.0f) memset(dx, 0, (size_t)N * in * sizeof(float));
+        mf_quant_linear_backward_input(dx, dy, ldy, LP(l, lt), N, in, out, (mf_quant_kind)w->qkind,
+                                       quant_scratch(m, a));
+    } else
+        lin_bwd(c, dx, beta, LG(l, lt), lt_bias[lt] >= 0 ? LGO(l, lt_bias[lt]) : NULL, dy, ldy, x, LP(l, lt), N, in,
+                out);
+    if (m->lora.r) mf_lora_layer_backward_input(m, a, l, k, dx, N);
+}
+
 void mf_embed_forward(float *out, const int32_t *inp, const float *wte, int N, int C) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, wte + (size_t)inp[n] * C, (size_t)C * sizeof(float));
@@ -131,9 +177,9 @@ void mf_llama_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int r
     void *ln1 = mf_arena_get(a, A->ln1), *ln2 = mf_arena_get(a, A->ln2), *h = mf_model_mlp_out(m, a, A);
     if (c.h16) mf_rmsnorm_forward16(ln1, c.dt, BUF(A->ln1_rstd), x, LP(l, MF_LT_LN1), N, C, d->eps);
     else mf_rmsnorm_forward(ln1, BUF(A->ln1_rstd), x, LP(l, MF_LT_LN1), N, C, d->eps);
-    lin_fwd(&c, qkv, QKV, ln1, LP(l, MF_LT_Q), LPO(l, MF_LT_QB), N, C, AO, 0.0f);
-    lin_fwd(&c, qkv + AO, QKV, ln1, LP(l, MF_LT_K), LPO(l, MF_LT_KB), N, C, KV, 0.0f);
-    lin_fwd(&c, qkv + AO + KV, QKV, ln1, LP(l, MF_LT_V), LPO(l, MF_LT_VB), N, C, KV, 0.0f);
+    proj_fwd(m, a, &c, l, MF_LT_Q, qkv, QKV, ln1, N, 0.0f);
+    proj_fwd(m, a, &c, l, MF_LT_K, qkv + AO, QKV, ln1, N, 0.0f);
+    proj_fwd(m, a, &c, l, MF_LT_V, qkv + AO + KV, QKV, ln1, N, 0.0f);
     mf_rope_apply(qkv, BUF(m->rope), NULL, B, T, d->NH, d->NKV, d->hd, 0);
     mf_flash_attention_gqa_forward(atty, BUF(A->lse), qkv, B, T, d->NH, d->NKV, d->hd, d->window);
     float *xmid = BUF(A->xmid);
@@ -143,18 +189,18 @@ void mf_llama_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int r
         mf_half_from_f32(c.dt, mf_arena_get(a, m->in16), atty, (size_t)N * AO);
         ain = mf_arena_get(a, m->in16);
     }
-    lin_fwd(&c, xmid, C, ain, LP(l, MF_LT_O), NULL, N, AO, C, 1.0f);
+    proj_fwd(m, a, &c, l, MF_LT_O, xmid, C, ain, N, 1.0f);
     float *gate = BUF(A->fch), *up = BUF(A->up);
     if (c.h16) mf_rmsnorm_forward16(ln2, c.dt, BUF(A->ln2_rstd), xmid, LP(l, MF_LT_LN2), N, C, d->eps);
     else mf_rmsnorm_forward(ln2, BUF(A->ln2_rstd), xmid, LP(l, MF_LT_LN2), N, C, d->eps);
-    lin_fwd(&c, gate, I, ln2, LP(l, MF_LT_GATE), NULL, N, C, I, 0.0f);
-    lin_fwd(&c, up, I, ln2, LP(l, MF_LT_UP), NULL, N, C, I, 0.0f);
+    proj_fwd(m, a, &c, l, MF_LT_GATE, gate, I, ln2, N, 0.0f);
+    proj_fwd(m, a, &c, l, MF_LT_UP, up, I, ln2, N, 0.0f);
     if (c.h16) mf_swiglu_forward16(h, c.dt, gate, up, (size_t)N * I);
     else mf_swiglu_forward(h, gate, up, (size_t)N * I);
     if (!write_out) return;
     float *out = BUF(res[l + 1]);
     memcpy(out, xmid, (size_t)N * C * sizeof(float));
-    lin_fwd(&c, out, C, h, LP(l, MF_LT_DOWN), NULL, N, I, C, 1.0f);
+    proj_fwd(m, a, &c, l, MF_LT_DOWN, out, C, h, N, 1.0f);
 }
 
 void mf_llama_block_backward(mf_model *m, mf_arena *a, int l, int B, int T) {
@@ -181,10 +227,10 @@ void mf_llama_block_backward(mf_model *m, mf_arena *a, int l, int B, int T) {
     /* MLP: out = xmid + (silu(gate) * up) Wd^T. h may live in dbig itself:
      * lin_bwd reads it for dWd before dh overwrites it. dgate and dup then
      * overwrite the gate and up rows (their last reader is this step). */
-    lin_bwd(&c, dbig, 0.0f, LG(l, MF_LT_DOWN), NULL, dres, C, h, LP(l, MF_LT_DOWN), N, I, C);
+    proj_bwd(m, a, &c, l, MF_LT_DOWN, dbig, 0.0f, dres, C, h, N);
     mf_swiglu_backward(gate, up, dbig, gate, up, (size_t)N * I);
-    lin_bwd(&c, dln, 0.0f, LG(l, MF_LT_GATE), NULL, gate, I, ln2, LP(l, MF_LT_GATE), N, C, I);
-    lin_bwd(&c, dln, 1.0f, LG(l, MF_LT_UP), NULL, up, I, ln2, LP(l, MF_LT_UP), N, C, I);
+    proj_bwd(m, a, &c, l, MF_LT_GATE, dln, 0.0f, gate, I, ln2, N);
+    proj_bwd(m, a, &c, l, MF_LT_UP, dln, 1.0f, up, I, ln2, N);
     mf_rmsnorm_backward(dres, LG(l, MF_LT_LN2), dln, BUF(A->xmid), LP(l, MF_LT_LN2), BUF(A->ln2_rstd), N, C);
     /* attention: xmid = x + attn(rope(ln1 Wqkv^T)) Wo^T; d(atty) in dln */
     const void *ain = BUF(A->atty);
@@ -192,12 +238,12 @@ void mf_llama_block_backward(mf_model *m, mf_arena *a, int l, int B, int T) {
         mf_half_from_f32(c.dt, mf_arena_get(a, m->in16), BUF(A->atty), (size_t)N * AO);
         ain = mf_arena_get(a, m->in16);
     }
-    lin_bwd(&c, dln, 0.0f, LG(l, MF_LT_O), NULL, dres, C, ain, LP(l, MF_LT_O), N, AO, C);
+    proj_bwd(m, a, &c, l, MF_LT_O, dln, 0.0f, dres, C, ain, N);
     mf_flash_attention_gqa_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse), B, T,
                                     d->NH, d->NKV, d->hd, d->window);
     mf_rope_apply(dqkv, BUF(m->rope), NULL, B, T, d->NH, d->NKV, d->hd, 1);
-    lin_bwd(&c, dln, 0.0f, LG(l, MF_LT_Q), LGO(l, MF_LT_QB), dqkv, QKV, ln1, LP(l, MF_LT_Q), N, C, AO);
-    lin_bwd(&c, dln, 1.0f, LG(l, MF_LT_K), LGO(l, MF_LT_KB), dqkv + AO, QKV, ln1, LP(l, MF_LT_K), N, C, KV);
-    lin_bwd(&c, dln, 1.0f, LG(l, MF_LT_V), LGO(l, MF_LT_VB), dqkv + AO + KV, QKV, ln1, LP(l, MF_LT_V), N, C, KV);
+    proj_bwd(m, a, &c, l, MF_LT_Q, dln, 0.0f, dqkv, QKV, ln1, N);
+    proj_bwd(m, a, &c, l, MF_LT_K, dln, 1.0f, dqkv + AO, QKV, ln1, N);
+    proj_bwd(m, a, &c, l, MF_LT_V, dln, 1.0f, dqkv + AO + KV, QKV, ln1, N);
     mf_rmsnorm_backward(dres, LG(l, MF_LT_LN1), dln, x, LP(l, MF_LT_LN1), BUF(A->ln1_rstd), N, C);
 }
