@@ -26,7 +26,8 @@
 extern "C" {
 #endif
 
-typedef enum { MF_TOK_BYTES = 0, MF_TOK_GPT2 = 1 } mf_tok_kind;
+/* MF_TOK_HF: a Hugging Face tokenizer.json (BPE models; src/data/tokjson.c). */
+typedef enum { MF_TOK_BYTES = 0, MF_TOK_GPT2 = 1, MF_TOK_HF = 2 } mf_tok_kind;
 
 #define MF_GPT2_EOT 50256
 #define MF_GPT2_VOCAB 50257
@@ -37,18 +38,35 @@ typedef struct mf_tokenizer mf_tokenizer;
 mf_tokenizer *mf_tokenizer_bytes(void);
 /* GPT-2 BPE from encoder.json and vocab.bpe. NULL on error (mf_error()). */
 mf_tokenizer *mf_tokenizer_gpt2(const char *encoder_json, const char *vocab_bpe);
+/* A Hugging Face tokenizer.json (byte-level BPE such as Llama 3 / Qwen, or
+ * SentencePiece-style BPE with byte fallback such as Llama 2). Vocab size is
+ * the largest id in model.vocab and added_tokens, plus one. NULL on error,
+ * with a message naming the file (and the model type when it is not BPE). */
+mf_tokenizer *mf_tokenizer_hf(const char *tokenizer_json);
 void mf_tokenizer_free(mf_tokenizer *t);
 mf_tok_kind mf_tokenizer_kind(const mf_tokenizer *t);
 int mf_tokenizer_vocab(const mf_tokenizer *t);
+/* Identifies the tokenizer's tables, for token files to record: 0 for
+ * bytes, MF_GPT2_HASH for gpt2, FNV-1a 64 of the file's bytes for a
+ * tokenizer.json. */
+uint64_t mf_tokenizer_hash(const mf_tokenizer *t);
+#define MF_GPT2_HASH 0x67707432656e6331ull /* "gpt2enc1": GPT-2's encoder.json + vocab.bpe */
 
 /* Encodes `n` bytes of UTF-8 text. Calls emit(id, ctx) for each id in order.
  * "<|endoftext|>" in the text maps to 50256 for gpt2 (as the reference does
- * with allowed_special="all"). Returns 0, or -1 on error. */
+ * with allowed_special="all"); a tokenizer.json's added tokens are matched
+ * in the text the same way (add_special_tokens=False: no BOS/EOS added).
+ * Returns 0, or -1 on error. */
 int mf_tokenizer_encode(const mf_tokenizer *t, const char *text, size_t n,
                         void (*emit)(int32_t id, void *ctx), void *ctx);
 /* Decodes one id to its bytes; returns the number of bytes (pointer valid
  * while the tokenizer lives), or -1 for an id out of range. */
 int mf_tokenizer_decode(const mf_tokenizer *t, int32_t id, const char **bytes);
+/* Decodes a sequence of ids to text, as the tokenizer's decoder does for
+ * the whole sequence (for Llama 2's tokenizer.json that strips the one
+ * leading space SentencePiece adds). *out is malloc'd and NUL-terminated;
+ * returns 0, or -1 for an id out of range or out of memory. */
+int mf_tokenizer_decode_text(const mf_tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *len);
 
 /* A read-only memory-mapped token file. */
 typedef struct {

@@ -182,6 +182,8 @@ static int file_exists(const char *p) { struct stat st; return stat(p, &st) == 0
 
 mf_tokenizer *mf_tokenizer_open(const char *kind, const char *dir) {
     if (strcmp(kind, "bytes") == 0) return mf_tokenizer_bytes();
+    size_t kl = strlen(kind);
+    if (kl > 5 && strcmp(kind + kl - 5, ".json") == 0) return mf_tokenizer_hf(kind);
     char d[MF_PATH_MAX], enc[MF_PATH_MAX + 32], bpe[MF_PATH_MAX + 32], cache[MF_PATH_MAX];
     if (dir && dir[0]) snprintf(d, sizeof d, "%s", dir);
     else snprintf(d, sizeof d, "%s/gpt2", mf_cache_dir(cache, sizeof cache));
@@ -214,6 +216,9 @@ static void push_id(int32_t id, void *ctx) {
 }
 
 int mf_tokenize_file(const mf_tokenizer *tok, const char *text_path, const char *out_path) {
+    if (mf_tokenizer_vocab(tok) > 65536)
+        return mf_fail("cannot write token file %s: token files hold 16-bit ids and this tokenizer has %d tokens",
+                       out_path, mf_tokenizer_vocab(tok));
     FILE *f = fopen(text_path, "rb");
     if (!f) return mf_fail("cannot open %s: %s", text_path, strerror(errno));
     fseek(f, 0, SEEK_END);
