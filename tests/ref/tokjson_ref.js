@@ -37,7 +37,7 @@ if (input === "--bench") {
 } else {
   const strings = JSON.parse(fs.readFileSync(input, "utf8"));
   const ids = strings.map(enc);
-  const decoded = ids.map((v) =>
-    tok.decode(v, { skip_special_tokens: false, clean_up_tokenization_spaces: false }));
+  const decoded = ids.map((v) => (v.length === 0 ? "" :
+    tok.decode(v, { skip_special_tokens: false, clean_up_tokenization_spaces: false })));
   fs.writeFileSync(out, JSON.stringify({ ids, decoded }));
 }
