@@ -697,6 +697,7 @@ typedef struct {
 
 #define MF_HF_CACHE_SLOTS (1u << 17)  /* entries kept before the cache starts over */
 #define MF_HF_CACHE_MAXLEN 128        /* longer pre-tokens are not cached */
+#define MF_HF_CACHE_MIN_TEXT 16384    /* shorter texts are encoded without a cache */
 
 typedef struct {
     const mf_hftok *h;
@@ -1091,7 +1092,8 @@ int mf_hftok_encode(const mf_hftok *h, const char *text, size_t n, void (*emit)(
         if (h->pre[i].re && !(e.md[i] = pcre2_match_data_create_from_pattern(h->pre[i].re, NULL))) rc = -1;
     if (h->n_pre > 16) rc = mf_fail("%s: more than 16 pre-tokenizer steps", h->path);
     else if (rc) rc = mf_fail("out of memory creating regex match data");
-    e.cent = calloc(2 * (size_t)MF_HF_CACHE_SLOTS, sizeof *e.cent); /* NULL: no cache, still correct */
+    /* the pre-token cache pays off on corpora, not on a line (NULL: no cache, still correct) */
+    if (n >= MF_HF_CACHE_MIN_TEXT) e.cent = calloc(2 * (size_t)MF_HF_CACHE_SLOTS, sizeof *e.cent);
     /* Walk the text: sections between added tokens. A section's end may be
      * trimmed by the next token's lstrip, its start by the last one's rstrip. */
     size_t sec = 0, i = 0;
