@@ -4,7 +4,8 @@
  * byte fallback), memfit's ids equal transformers.js's
  * (encode(s, add_special_tokens=false), run by tests/ref/tokjson_ref.js)
  * on every string of tests/data/tokjson_strings.json and on lines and
- * paragraphs of Moby Dick; memfit's decode of those ids equals the
+ * paragraphs of Moby Dick (and, for the two byte-level files, on the whole
+ * book as one text); memfit's decode of those ids equals the
  * reference decoder's text, which is the string itself except for what
  * the reference decoder changes (Llama 2's SentencePiece prefix space
  * around added tokens). A tokenizer.json of another model type is refused
@@ -277,5 +278,24 @@ int main(void) {
     mf_check_one("llama2", l2, hfjs, ref_js, in_json, strings, 32000);
     unlink(in_json);
     cJSON_Delete(strings);
+
+    /* the whole book as one text (pre-token cache, long runs), for the two
+     * byte-level files; Llama 2's reference would take 15 s over it */
+    mtext = mf_slurp(moby, &mn);
+    cJSON *book = cJSON_CreateArray();
+    if (mtext && book) cJSON_AddItemToArray(book, cJSON_CreateString(mtext));
+    free(mtext);
+    js = book ? cJSON_PrintUnformatted(book) : NULL;
+    f = js ? fopen(in_json, "w") : NULL;
+    CHECK(f != NULL, "cannot write %s", in_json);
+    if (f) { fputs(js, f); fclose(f); }
+    free(js);
+    if (f) {
+        printf("the whole of Moby Dick as one text:\n");
+        mf_check_one("llama3", l3, hfjs, ref_js, in_json, book, 128256);
+        mf_check_one("qwen3", q3, hfjs, ref_js, in_json, book, 151669);
+    }
+    unlink(in_json);
+    cJSON_Delete(book);
     return mf_test_done("test_tokjson_matches_ref");
 }
