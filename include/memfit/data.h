@@ -8,13 +8,14 @@
  *
  * Token file format (little-endian), documented in docs/formats.md:
  *   offset 0   char[8]  magic "MFTOKENS"
- *   offset 8   u32      version (1)
- *   offset 12  u32      tokenizer kind (0 = bytes, 1 = gpt2)
- *   offset 16  u32      vocab size (256 or 50257)
- *   offset 20  u32      bytes per id (2)
+ *   offset 8   u32      version (2; version 1 files are still read)
+ *   offset 12  u32      tokenizer kind (0 = bytes, 1 = gpt2, 2 = tokenizer.json)
+ *   offset 16  u32      vocab size (256, 50257, or the tokenizer.json's)
+ *   offset 20  u32      bytes per id (2; 4 when the vocab exceeds 65536)
  *   offset 24  u64      number of ids
- *   offset 32  u8[32]   reserved, zero
- *   offset 64  u16[n]   ids
+ *   offset 32  u64      tokenizer hash (mf_tokenizer_hash; version 2)
+ *   offset 40  u8[24]   reserved, zero (version 1: offset 32, u8[32])
+ *   offset 64  u16[n] or u32[n] ids
  */
 #ifndef MEMFIT_DATA_H
 #define MEMFIT_DATA_H
@@ -68,9 +69,15 @@ int mf_tokenizer_decode(const mf_tokenizer *t, int32_t id, const char **bytes);
  * returns 0, or -1 for an id out of range or out of memory. */
 int mf_tokenizer_decode_text(const mf_tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *len);
 
-/* A read-only memory-mapped token file. */
+/* A read-only memory-mapped token file. Exactly one of ids (2 bytes per
+ * id) and ids32 (4 bytes per id, vocab > 65536) is set; mf_tokfile_id
+ * reads either. */
 typedef struct {
     const uint16_t *ids;
+    const uint32_t *ids32;
+    uint32_t id_bytes;   /* 2 or 4 */
+    uint32_t version;    /* 1 or 2 */
+    uint64_t tok_hash;   /* the tokenizer's hash (version 1: implied by the kind) */
     uint64_t n;
     mf_tok_kind kind;
     uint32_t vocab;
@@ -80,9 +87,18 @@ typedef struct {
 
 int mf_tokfile_open(mf_tokfile *f, const char *path);
 void mf_tokfile_close(mf_tokfile *f);
-/* Writes a token file atomically (temp file, fsync, rename). */
+static inline uint32_t mf_tokfile_id(const mf_tokfile *f, uint64_t i) {
+    return f->ids ? f->ids[i] : f->ids32[i];
+}
+/* Writes a token file (version 2) atomically (temp file, fsync, rename),
+ * for the bytes and gpt2 kinds (their hash is implied). */
 int mf_tokfile_write(const char *path, mf_tok_kind kind, uint32_t vocab,
                      const uint16_t *ids, uint64_t n);
+/* The same from u32 ids, for any kind; tok_hash is mf_tokenizer_hash() of
+ * the tokenizer that made the ids. The file holds u32 ids when vocab >
+ * 65536, u16 otherwise. */
+int mf_tokfile_write32(const char *path, mf_tok_kind kind, uint32_t vocab, uint64_t tok_hash,
+                       const uint32_t *ids, uint64_t n);
 
 #ifdef __cplusplus
 }
