@@ -48,4 +48,14 @@ expect_error unigram "'Unigram' is not supported" "$M" tokenize --tokenizer "$W/
 expect_error bad-id "not in \[0, 128256)" "$M" tokenize --tokenizer "$L3" --decode "1,999999"
 expect_error bad-id-text "is not a token id" "$M" tokenize --tokenizer "$L3" --decode "1,x"
 expect_error missing-file "/nonexistent/tokenizer.json" "$M" tokenize --tokenizer /nonexistent/tokenizer.json --encode hi
+# a token file from a tokenizer.json: u32 ids (vocab 128256), version 2; the 9
+# ids are the reference's for this text
+printf 'Call me Ishmael. <|end_of_text|>\n' > "$W/c.txt"
+out=$("$M" tokenize --tokenizer "$L3" "$W/c.txt" "$W/c.tok")
+check "tokenize to a file -> '$out'" "echo '$out' | grep -q 'wrote .*c.tok: 9 tokens (tokenizer.json tokenizer)'"
+size=$(stat -c %s "$W/c.tok")
+check "9 u32 ids after the 64-byte header ($size bytes)" "[ $size = $((64 + 4 * 9)) ]"
+check "version 2, kind 2, vocab 128256, 4 bytes per id in the header" \
+  "[ \"\$(od -An -tu4 -j8 -N16 "$W/c.tok" | tr -s ' ')\" = ' 2 2 128256 4' ]"
+expect_error train-on-tokjson-file "made with a tokenizer.json" "$M" train --model gpt2-1m --data "$W/c.tok" --steps 1
 exit $fail
