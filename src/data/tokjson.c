@@ -619,10 +619,13 @@ static int mf_hf_build_decode(mf_hftok *h, const mf_hfdec *d) {
     int inv[324];
     mf_unicode_to_bytes(inv);
     int byte_level = d->byte_level || h->byte_level;
+    int32_t *added_of = malloc((size_t)h->vocab * sizeof *added_of); /* id -> index in added, or -1 */
+    if (!added_of) return mf_fail("out of memory loading %s", h->path);
+    for (int id = 0; id < h->vocab; id++) added_of[id] = -1;
+    for (int i = 0; i < h->n_added; i++)
+        if (added_of[h->added[i].id] < 0) added_of[h->added[i].id] = i;
     for (int id = 0; id < h->vocab; id++) {
-        const char *added = NULL;
-        for (int i = 0; i < h->n_added && !added; i++)
-            if (h->added[i].id == id) added = h->added[i].text;
+        const char *added = added_of[id] >= 0 ? h->added[added_of[id]].text : NULL;
         h->dec_off[id] = (uint32_t)out.n;
         int rc = 0;
         if (added) {
@@ -633,9 +636,10 @@ static int mf_hf_build_decode(mf_hftok *h, const mf_hfdec *d) {
             rc = byte_level ? mf_hf_put(&out, h->blob + h->tok_off[id], h->tok_len[id])
                             : mf_hf_decode_one(d, h->blob + h->tok_off[id], h->tok_len[id], &out);
         }
-        if (rc) { free(out.p); return mf_fail("out of memory loading %s", h->path); }
+        if (rc) { free(out.p); free(added_of); return mf_fail("out of memory loading %s", h->path); }
         h->dec_len[id] = (uint32_t)(out.n - h->dec_off[id]);
     }
+    free(added_of);
     h->dblob = out.p ? out.p : calloc(1, 1);
     return h->dblob ? 0 : mf_fail("out of memory loading %s", h->path);
 }
