@@ -2,54 +2,34 @@
 # Tokenizer throughput on Moby Dick (1.2 MB): memfit's GPT-2 BPE, memfit's
 # tokenizer.json path on Llama 3's file, and the reference JavaScript encoder
 # (transformers.js's tokenizers, @lenml/tokenizers@3.7.2, on the same Llama 3
-# file). Same machine, same text, one thread each. memfit's encode time is
-# the run on the book minus the run on an empty input (load time), best of
-# ROUNDS; the reference's is the second encode of the book in one process
-# (warm JIT), best of ROUNDS. Prints the commands, the machine, MB/s and the
-# ratios.
-#   bench/tokenize_speed.sh          (ROUNDS=3; needs build/memfit, node and scripts/fetch_data.sh)
+# file). Same machine, same text, one thread each, all timed in process with
+# the tokenizer already loaded: memfit by build/bench_tokenize_speed (best of
+# ROUNDS encodes of the whole book), the reference by tokjson_ref.js --bench
+# (its second encode, JIT warm; best of ROUNDS processes). Prints the
+# commands, the machine, MB/s and the ratios.
+#   bench/tokenize_speed.sh   (ROUNDS=3; needs build/bench_tokenize_speed
+#                             (cmake --build build --target bench_tokenize_speed),
+#                             node and scripts/fetch_data.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
-M=${MEMFIT_BIN:-build/memfit}
+B=${BENCH_BIN:-build/bench_tokenize_speed}
 C=${MEMFIT_CACHE:-$HOME/.cache/memfit}
 TEXT=$C/moby-dick.txt
 L3=$C/hf/llama3/tokenizer.json
-[ -x "$M" ] || { echo "tokenize_speed: build memfit first (cmake --build build --target memfit_cli)" >&2; exit 1; }
+[ -x "$B" ] || { echo "tokenize_speed: build it first (cmake --build build --target bench_tokenize_speed)" >&2; exit 1; }
 for f in "$TEXT" "$L3" "$C/gpt2/encoder.json" "$C/hf/js/dist/main.js"; do
   [ -f "$f" ] || { echo "tokenize_speed: $f is missing: run scripts/fetch_data.sh" >&2; exit 1; }
 done
 command -v node >/dev/null || { echo "tokenize_speed: node not found" >&2; exit 1; }
-W=$(mktemp -d /tmp/memfit-tokbench-XXXXXX)
-trap 'rm -rf "$W"' EXIT
-: > "$W/empty"
 bytes=$(stat -c %s "$TEXT")
-
-now() { date +%s.%N; }
-# best (smallest) seconds of ROUNDS runs of: memfit tokenize --encode ARGS < FILE
-best_run() {
-  local file=$1; shift
-  local best=1e9 t0 t1
-  for _ in $(seq "$ROUNDS"); do
-    t0=$(now); "$M" tokenize --encode "$@" < "$file" > "$W/ids"; t1=$(now)
-    best=$(echo "$t1 - $t0" | bc -l | awk -v b="$best" '{print ($1 < b) ? $1 : b}')
-  done
-  echo "$best"
-}
-memfit_mbs() {  # prints "MB/s ids load_s"
-  local full empty n
-  full=$(best_run "$TEXT" "$@")
-  n=$(wc -w < "$W/ids")
-  empty=$(best_run "$W/empty" "$@")
-  awk -v f="$full" -v e="$empty" -v b="$bytes" -v n="$n" 'BEGIN{printf "%.3f %d %.3f\n", b/1e6/(f-e), n, e}'
-}
 
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; node $(node --version)"
 echo "text:    $TEXT ($bytes bytes), best of $ROUNDS"
-echo "cmd:     $M tokenize --encode --tokenizer gpt2 < moby-dick.txt"
-read -r g_mbs g_n g_load < <(memfit_mbs --tokenizer gpt2)
-echo "cmd:     $M tokenize --encode --tokenizer $L3 < moby-dick.txt"
-read -r l_mbs l_n l_load < <(memfit_mbs --tokenizer "$L3")
+echo "cmd:     $B gpt2 moby-dick.txt $ROUNDS"
+read -r g_mbs g_n g_load < <("$B" gpt2 "$TEXT" "$ROUNDS")
+echo "cmd:     $B $L3 moby-dick.txt $ROUNDS"
+read -r l_mbs l_n l_load < <("$B" "$L3" "$TEXT" "$ROUNDS")
 echo "cmd:     node tests/ref/tokjson_ref.js $C/hf/js $C/hf/llama3 --bench moby-dick.txt"
 js_best=0
 for _ in $(seq "$ROUNDS"); do
