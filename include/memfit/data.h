@@ -8,13 +8,14 @@
  *
  * Token file format (little-endian), documented in docs/formats.md:
  *   offset 0   char[8]  magic "MFTOKENS"
- *   offset 8   u32      version (1)
- *   offset 12  u32      tokenizer kind (0 = bytes, 1 = gpt2)
- *   offset 16  u32      vocab size (256 or 50257)
- *   offset 20  u32      bytes per id (2)
+ *   offset 8   u32      version (2; version 1 files are still read)
+ *   offset 12  u32      tokenizer kind (0 = bytes, 1 = gpt2, 2 = tokenizer.json)
+ *   offset 16  u32      vocab size (256, 50257, or the tokenizer.json's)
+ *   offset 20  u32      bytes per id (2; 4 when the vocab exceeds 65536)
  *   offset 24  u64      number of ids
- *   offset 32  u8[32]   reserved, zero
- *   offset 64  u16[n]   ids
+ *   offset 32  u64      tokenizer hash (mf_tokenizer_hash; version 2)
+ *   offset 40  u8[24]   reserved, zero (version 1: offset 32, u8[32])
+ *   offset 64  u16[n] or u32[n] ids
  */
 #ifndef MEMFIT_DATA_H
 #define MEMFIT_DATA_H
@@ -26,7 +27,8 @@
 extern "C" {
 #endif
 
-typedef enum { MF_TOK_BYTES = 0, MF_TOK_GPT2 = 1 } mf_tok_kind;
+/* MF_TOK_HF: a Hugging Face tokenizer.json (BPE models; src/data/tokjson.c). */
+typedef enum { MF_TOK_BYTES = 0, MF_TOK_GPT2 = 1, MF_TOK_HF = 2 } mf_tok_kind;
 
 #define MF_GPT2_EOT 50256
 #define MF_GPT2_VOCAB 50257
@@ -37,22 +39,45 @@ typedef struct mf_tokenizer mf_tokenizer;
 mf_tokenizer *mf_tokenizer_bytes(void);
 /* GPT-2 BPE from encoder.json and vocab.bpe. NULL on error (mf_error()). */
 mf_tokenizer *mf_tokenizer_gpt2(const char *encoder_json, const char *vocab_bpe);
+/* A Hugging Face tokenizer.json (byte-level BPE such as Llama 3 / Qwen, or
+ * SentencePiece-style BPE with byte fallback such as Llama 2). Vocab size is
+ * the largest id in model.vocab and added_tokens, plus one. NULL on error,
+ * with a message naming the file (and the model type when it is not BPE). */
+mf_tokenizer *mf_tokenizer_hf(const char *tokenizer_json);
 void mf_tokenizer_free(mf_tokenizer *t);
 mf_tok_kind mf_tokenizer_kind(const mf_tokenizer *t);
 int mf_tokenizer_vocab(const mf_tokenizer *t);
+/* Identifies the tokenizer's tables, for token files to record: 0 for
+ * bytes, MF_GPT2_HASH for gpt2, FNV-1a 64 of the file's bytes for a
+ * tokenizer.json. */
+uint64_t mf_tokenizer_hash(const mf_tokenizer *t);
+#define MF_GPT2_HASH 0x67707432656e6331ull /* "gpt2enc1": GPT-2's encoder.json + vocab.bpe */
 
 /* Encodes `n` bytes of UTF-8 text. Calls emit(id, ctx) for each id in order.
  * "<|endoftext|>" in the text maps to 50256 for gpt2 (as the reference does
- * with allowed_special="all"). Returns 0, or -1 on error. */
+ * with allowed_special="all"); a tokenizer.json's added tokens are matched
+ * in the text the same way (add_special_tokens=False: no BOS/EOS added).
+ * Returns 0, or -1 on error. */
 int mf_tokenizer_encode(const mf_tokenizer *t, const char *text, size_t n,
                         void (*emit)(int32_t id, void *ctx), void *ctx);
 /* Decodes one id to its bytes; returns the number of bytes (pointer valid
  * while the tokenizer lives), or -1 for an id out of range. */
 int mf_tokenizer_decode(const mf_tokenizer *t, int32_t id, const char **bytes);
+/* Decodes a sequence of ids to text, as the tokenizer's decoder does for
+ * the whole sequence (for Llama 2's tokenizer.json that strips the one
+ * leading space SentencePiece adds). *out is malloc'd and NUL-terminated;
+ * returns 0, or -1 for an id out of range or out of memory. */
+int mf_tokenizer_decode_text(const mf_tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *len);
 
-/* A read-only memory-mapped token file. */
+/* A read-only memory-mapped token file. Exactly one of ids (2 bytes per
+ * id) and ids32 (4 bytes per id, vocab > 65536) is set; mf_tokfile_id
+ * reads either. */
 typedef struct {
     const uint16_t *ids;
+    const uint32_t *ids32;
+    uint32_t id_bytes;   /* 2 or 4 */
+    uint32_t version;    /* 1 or 2 */
+    uint64_t tok_hash;   /* the tokenizer's hash (version 1: implied by the kind) */
     uint64_t n;
     mf_tok_kind kind;
     uint32_t vocab;
@@ -62,9 +87,18 @@ typedef struct {
 
 int mf_tokfile_open(mf_tokfile *f, const char *path);
 void mf_tokfile_close(mf_tokfile *f);
-/* Writes a token file atomically (temp file, fsync, rename). */
+static inline uint32_t mf_tokfile_id(const mf_tokfile *f, uint64_t i) {
+    return f->ids ? f->ids[i] : f->ids32[i];
+}
+/* Writes a token file (version 2) atomically (temp file, fsync, rename),
+ * for the bytes and gpt2 kinds (their hash is implied). */
 int mf_tokfile_write(const char *path, mf_tok_kind kind, uint32_t vocab,
                      const uint16_t *ids, uint64_t n);
+/* The same from u32 ids, for any kind; tok_hash is mf_tokenizer_hash() of
+ * the tokenizer that made the ids. The file holds u32 ids when vocab >
+ * 65536, u16 otherwise. */
+int mf_tokfile_write32(const char *path, mf_tok_kind kind, uint32_t vocab, uint64_t tok_hash,
+                       const uint32_t *ids, uint64_t n);
 
 #ifdef __cplusplus
 }

@@ -569,33 +569,107 @@ static void print_id(int32_t id, void *ctx) {
     *first = 0;
 }
 
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* "--decode IDS": ids separated by commas and/or white space. */
+static int parse_ids(const char *s, int32_t **out, size_t *n) {
+    size_t cap = 16, k = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return mf_fail("out of memory");
+    const char *p = s;
+    for (;;) {
+        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX || (*end && !strchr(", \t\n\r", *end))) {
+            free(v);
+            return mf_fail("--decode: '%.*s' is not a token id (ids are non-negative integers separated by commas or "
+                           "spaces)", (int)strcspn(p, ", \t\n\r"), p);
+        }
+        if (k == cap) {
+            int32_t *nv = realloc(v, (cap *= 2) * sizeof *nv);
+            if (!nv) { free(v); return mf_fail("out of memory"); }
+            v = nv;
+        }
+        v[k++] = (int32_t)x;
+        p = end;
+    }
+    *out = v;
+    *n = k;
+    return 0;
+}
+
 static int cmd_tokenize(int argc, char **argv) {
-    int encode = 0;
+    int encode = 0, decode = 0;
+    const char *text = NULL, *ids_arg = NULL, *json = NULL;
     char *args[256];
     int n = 0;
     for (int i = 0; i < argc && n < 255; i++) {
-        if (strcmp(argv[i], "--encode") == 0) encode = 1;
-        else args[n++] = argv[i];
+        if (strcmp(argv[i], "--encode") == 0) {
+            encode = 1;
+            /* --encode TEXT; bare --encode (next is an option or nothing) reads stdin */
+            if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) text = argv[++i];
+        } else if (strncmp(argv[i], "--encode=", 9) == 0) {
+            encode = 1;
+            text = argv[i] + 9;
+        } else if (strcmp(argv[i], "--decode") == 0 && i + 1 < argc) {
+            decode = 1;
+            ids_arg = argv[++i];
+        } else if (strncmp(argv[i], "--decode=", 9) == 0) {
+            decode = 1;
+            ids_arg = argv[i] + 9;
+        } else if (strcmp(argv[i], "--tokenizer") == 0 && i + 1 < argc && ends_with(argv[i + 1], ".json")) {
+            json = argv[++i]; /* a Hugging Face tokenizer.json (config's tokenizer key names kinds only) */
+        } else if (strncmp(argv[i], "--tokenizer=", 12) == 0 && ends_with(argv[i], ".json")) {
+            json = argv[i] + 12;
+        } else {
+            args[n++] = argv[i];
+        }
     }
     if (wants_help(n, args)) {
-        printf("usage: memfit tokenize [--tokenizer gpt2|bytes] INPUT.txt OUTPUT.tok\n"
-               "       memfit tokenize --encode [--tokenizer gpt2|bytes] < text   (prints ids)\n"
-               "  The GPT-2 files come from tokenizer_dir (default $MEMFIT_CACHE/gpt2).\n");
+        printf("usage: memfit tokenize [--tokenizer gpt2|bytes|PATH/tokenizer.json] INPUT.txt OUTPUT.tok\n"
+               "       memfit tokenize --encode [TEXT] [--tokenizer ...]   (prints ids; no TEXT: reads stdin)\n"
+               "       memfit tokenize --decode IDS [--tokenizer ...]      (ids separated by commas/spaces -> text)\n"
+               "  The GPT-2 files come from tokenizer_dir (default $MEMFIT_CACHE/gpt2). A tokenizer.json\n"
+               "  (Hugging Face BPE: Llama 3, Qwen, Llama 2, ...) encodes without adding BOS/EOS.\n");
         return 0;
     }
+    if (encode && decode) return die("tokenize takes --encode or --decode, not both");
     mf_config cfg;
     char *pos[MAX_POS];
     int npos;
     if (parse(&cfg, n, args, pos, &npos)) return die(mf_error());
-    if (encode ? npos != 0 : npos != 2) {
-        mf_fail(encode ? "tokenize --encode reads stdin and takes no file arguments"
+    if ((encode || decode) ? npos != 0 : npos != 2) {
+        mf_fail(encode ? "tokenize --encode takes TEXT or reads stdin, and no file arguments"
+                : decode ? "tokenize --decode takes IDS and no file arguments"
                        : "tokenize needs INPUT.txt and OUTPUT.tok (see memfit tokenize --help)");
         return die(mf_error());
     }
-    mf_tokenizer *tok = mf_tokenizer_open(cfg.tokenizer[0] ? cfg.tokenizer : "gpt2", cfg.tokenizer_dir);
+    mf_tokenizer *tok = json ? mf_tokenizer_hf(json)
+                             : mf_tokenizer_open(cfg.tokenizer[0] ? cfg.tokenizer : "gpt2", cfg.tokenizer_dir);
     if (!tok) return die(mf_error());
     int rc = 0;
-    if (encode) {
+    if (decode) {
+        int32_t *ids = NULL;
+        size_t k = 0, len = 0;
+        char *out = NULL;
+        if (parse_ids(ids_arg, &ids, &k) || mf_tokenizer_decode_text(tok, ids, k, &out, &len)) rc = die(mf_error());
+        else {
+            fwrite(out, 1, len, stdout);
+            printf("\n");
+        }
+        free(ids);
+        free(out);
+    } else if (encode && text) {
+        int first = 1;
+        if (mf_tokenizer_encode(tok, text, strlen(text), print_id, &first)) rc = die(mf_error());
+        else printf("\n");
+    } else if (encode) {
         size_t cap = 1 << 16, len = 0;
         char *buf = malloc(cap);
         size_t r;
@@ -616,7 +690,7 @@ static int cmd_tokenize(int argc, char **argv) {
             mf_tokfile f;
             if (mf_tokfile_open(&f, pos[1]) == 0) {
                 printf("wrote %s: %llu tokens (%s tokenizer)\n", pos[1], (unsigned long long)f.n,
-                       f.kind == MF_TOK_GPT2 ? "gpt2" : "bytes");
+                       f.kind == MF_TOK_GPT2 ? "gpt2" : f.kind == MF_TOK_HF ? "tokenizer.json" : "bytes");
                 mf_tokfile_close(&f);
             } else rc = die(mf_error());
         }
@@ -634,7 +708,7 @@ static void usage(FILE *f) {
                "  plan       search the settings for the fastest that fits --budget (Pareto table, --json)\n"
                "  sample     generate text from weights\n"
                "  eval       validation loss of weights\n"
-               "  tokenize   text to a token file, or --encode stdin to ids\n"
+               "  tokenize   text to a token file; --encode TEXT (or stdin) to ids, --decode IDS to text\n"
                "  convert    join the per-rank shards of a ZeRO checkpoint into one file\n"
                "  merge      fold a LoRA adapter into a model file's weights (--unmerge takes it out)\n");
 }

@@ -14,6 +14,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "memfit/core.h"
 #include "memfit/data.h"
+#include "tok_internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -31,7 +32,7 @@
  * makes each run of invalid bytes a pre-token of its own. That is what
  * PCRE2_MATCH_INVALID_UTF would do, without its interpreter re-scanning the
  * rest of the subject on every call (quadratic when the JIT is missing). */
-static const char mf_gpt2_pattern[] =
+const char mf_gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 static const char mf_eot_text[] = "<|endoftext|>";
@@ -58,6 +59,7 @@ struct mf_tokenizer {
     uint64_t merge_mask;
     int heap_ok;          /* merge ranks allow the O(n log n) BPE (mf_bpe_heap) */
     pcre2_code *re;
+    mf_hftok *hf;         /* tokenizer.json only */
 };
 
 /* ---- the byte tokenizer ---------------------------------------------- */
@@ -84,7 +86,47 @@ void mf_tokenizer_free(mf_tokenizer *t) {
     free(t->tok_len);
     free(t->merges);
     pcre2_code_free(t->re);
+    mf_hftok_free(t->hf);
     free(t);
+}
+
+mf_tokenizer *mf_tokenizer_hf(const char *tokenizer_json) {
+    mf_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) { mf_fail("out of memory loading %s", tokenizer_json); return NULL; }
+    t->kind = MF_TOK_HF;
+    t->hf = mf_hftok_load(tokenizer_json);
+    if (!t->hf) { free(t); return NULL; }
+    t->vocab = mf_hftok_vocab(t->hf);
+    return t;
+}
+
+uint64_t mf_tokenizer_hash(const mf_tokenizer *t) {
+    return t->kind == MF_TOK_HF ? mf_hftok_hash(t->hf) : t->kind == MF_TOK_GPT2 ? MF_GPT2_HASH : 0;
+}
+
+int mf_tokenizer_decode_text(const mf_tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *len) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        int k = mf_tokenizer_decode(t, ids[i], NULL);
+        if (k < 0) return mf_fail("cannot decode id %d: not in [0, %d)", ids[i], t->vocab);
+        total += (size_t)k;
+    }
+    char *buf = malloc(total + 1), *p = buf;
+    if (!buf) return mf_fail("out of memory decoding %zu ids", n);
+    for (size_t i = 0; i < n; i++) {
+        const char *b;
+        int k = mf_tokenizer_decode(t, ids[i], &b);
+        memcpy(p, b, (size_t)k);
+        p += k;
+    }
+    const char *s = buf;
+    size_t m = total;
+    if (t->kind == MF_TOK_HF) mf_hftok_finish_text(t->hf, &s, &m);
+    memmove(buf, s, m);
+    buf[m] = 0;
+    *out = buf;
+    if (len) *len = m;
+    return 0;
 }
 
 int mf_tokenizer_decode(const mf_tokenizer *t, int32_t id, const char **bytes) {
@@ -93,6 +135,7 @@ int mf_tokenizer_decode(const mf_tokenizer *t, int32_t id, const char **bytes) {
         if (bytes) *bytes = (const char *)&mf_all_bytes[id];
         return 1;
     }
+    if (t->kind == MF_TOK_HF) return mf_hftok_decode(t->hf, id, bytes);
     if (bytes) *bytes = t->blob + t->tok_off[id];
     return (int)t->tok_len[id];
 }
@@ -100,7 +143,7 @@ int mf_tokenizer_decode(const mf_tokenizer *t, int32_t id, const char **bytes) {
 /* ---- loading --------------------------------------------------------- */
 
 /* Reads a whole file, NUL-terminated. */
-static int mf_read_file(const char *path, const char *what, char **out, size_t *len) {
+int mf_read_file(const char *path, const char *what, char **out, size_t *len) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return mf_fail("cannot open %s %s: %s", what, path, strerror(errno));
     struct stat st;
@@ -133,7 +176,7 @@ static int mf_read_file(const char *path, const char *what, char **out, size_t *
 /* GPT-2's bytes_to_unicode(): printable Latin-1 bytes stand for themselves,
  * the other 68 bytes get code points 256.. in byte order. Fills the inverse:
  * code point (< 324) -> byte, or -1. */
-static void mf_unicode_to_bytes(int inv[324]) {
+void mf_unicode_to_bytes(int inv[324]) {
     for (int i = 0; i < 324; i++) inv[i] = -1;
     int n = 0;
     for (int b = 0; b < 256; b++) {
@@ -144,7 +187,7 @@ static void mf_unicode_to_bytes(int inv[324]) {
 
 /* Turns a token's spelling (UTF-8 of mapped code points) into raw bytes;
  * out needs room for len bytes. Returns the raw length or -1. */
-static int mf_unmap(const int inv[324], const char *s, size_t len, char *out) {
+int mf_unmap(const int inv[324], const char *s, size_t len, char *out) {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     int k = 0;
@@ -517,7 +560,7 @@ static int mf_bpe(mf_enc *e, const unsigned char *p, size_t n) {
 
 /* Length of the longest valid UTF-8 prefix of s[0..n) (RFC 3629: no
  * overlongs, surrogates or code points above U+10FFFF; as strict as PCRE2). */
-static size_t mf_utf8_valid_len(const unsigned char *s, size_t n) {
+size_t mf_utf8_valid_len(const unsigned char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
         unsigned c = s[i];
@@ -588,6 +631,7 @@ int mf_tokenizer_encode(const mf_tokenizer *t, const char *text, size_t n,
         for (size_t i = 0; i < n; i++) emit((unsigned char)text[i], ctx);
         return 0;
     }
+    if (t->kind == MF_TOK_HF) return mf_hftok_encode(t->hf, text, n, emit, ctx);
     mf_enc e = { .t = t, .emit = emit, .ctx = ctx };
     e.md = pcre2_match_data_create_from_pattern(t->re, NULL);
     if (!e.md) return mf_fail("out of memory creating regex match data");

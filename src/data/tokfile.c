@@ -1,5 +1,7 @@
-/* Token files: a 64-byte header and little-endian u16 ids (format in
- * include/memfit/data.h and docs/formats.md).
+/* Token files: a 64-byte header and little-endian u16 or u32 ids (format in
+ * include/memfit/data.h and docs/formats.md). Version 2 (written) records
+ * the tokenizer's hash and holds u32 ids when the vocabulary exceeds 65536;
+ * version 1 files (u16, bytes or gpt2 only) are still read.
  *
  * Reading maps the file read-only and validates everything once at open
  * (header fields, exact size, every id < vocab), so the trainer can index
@@ -19,11 +21,11 @@
 #include <unistd.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "token files are mapped as little-endian u16 arrays: port mf_tokfile_* to big-endian hosts first"
+#error "token files are mapped as little-endian u16/u32 arrays: port mf_tokfile_* to big-endian hosts first"
 #endif
 
 #define MF_TOK_MAGIC "MFTOKENS"
-#define MF_TOK_VERSION 1u
+#define MF_TOK_VERSION 2u
 #define MF_TOK_HEADER 64u
 
 static uint32_t mf_le32(const unsigned char *p) {
@@ -41,24 +43,55 @@ static void mf_put64(unsigned char *p, uint64_t v) {
     mf_put32(p + 4, (uint32_t)(v >> 32));
 }
 
-/* The vocab a tokenizer kind implies, or 0 for an unknown kind. */
-static uint32_t mf_kind_vocab(uint32_t kind) {
-    return kind == MF_TOK_BYTES ? 256u : kind == MF_TOK_GPT2 ? (uint32_t)MF_GPT2_VOCAB : 0u;
+/* The vocab a tokenizer kind implies (0 for tokenizer.json: any), or -1
+ * for a kind this version does not know. */
+static int64_t mf_kind_vocab(uint32_t version, uint32_t kind) {
+    if (kind == MF_TOK_BYTES) return 256;
+    if (kind == MF_TOK_GPT2) return MF_GPT2_VOCAB;
+    if (kind == MF_TOK_HF && version >= 2) return 0;
+    return -1;
 }
+
+static const char *mf_kind_name(uint32_t kind) {
+    return kind == MF_TOK_BYTES ? "bytes" : kind == MF_TOK_GPT2 ? "gpt2" : "tokenizer.json";
+}
+
+/* The hash a kind implies (tokenizer.json: any but 0). */
+static uint64_t mf_kind_hash(uint32_t kind) { return kind == MF_TOK_GPT2 ? MF_GPT2_HASH : 0; }
+
+/* Bytes per id a version-2 file must use for this vocab. */
+static uint32_t mf_id_bytes(uint32_t vocab) { return vocab > 65536 ? 4u : 2u; }
 
 static int mf_check_header(const unsigned char *h, const char *path, uint64_t *n) {
     if (memcmp(h, MF_TOK_MAGIC, 8) != 0)
         return mf_fail("%s is not a memfit token file (bad magic; expected \"%s\")", path, MF_TOK_MAGIC);
     uint32_t version = mf_le32(h + 8), kind = mf_le32(h + 12), vocab = mf_le32(h + 16), bpi = mf_le32(h + 20);
-    if (version != MF_TOK_VERSION)
-        return mf_fail("token file %s has version %u; this memfit reads version %u", path, version, MF_TOK_VERSION);
-    if (!mf_kind_vocab(kind))
-        return mf_fail("token file %s has unknown tokenizer kind %u (0 = bytes, 1 = gpt2)", path, kind);
-    if (vocab != mf_kind_vocab(kind))
-        return mf_fail("token file %s: vocab size %u does not match tokenizer kind %s (vocab %u)", path, vocab,
-                       kind == MF_TOK_BYTES ? "bytes" : "gpt2", mf_kind_vocab(kind));
-    if (bpi != 2) return mf_fail("token file %s has %u bytes per id; only 2 is supported", path, bpi);
-    for (int i = 32; i < 64; i++)
+    if (version != 1 && version != MF_TOK_VERSION)
+        return mf_fail("token file %s has version %u; this memfit reads versions 1 and %u", path, version,
+                       MF_TOK_VERSION);
+    int64_t want = mf_kind_vocab(version, kind);
+    if (want < 0)
+        return mf_fail("token file %s (version %u) has unknown tokenizer kind %u (0 = bytes, 1 = gpt2%s)", path,
+                       version, kind, version >= 2 ? ", 2 = tokenizer.json" : "");
+    if (want ? vocab != (uint32_t)want : (vocab == 0 || vocab > (1u << 31)))
+        return mf_fail("token file %s: vocab size %u does not match tokenizer kind %s%s", path, vocab,
+                       mf_kind_name(kind), want ? (kind == MF_TOK_BYTES ? " (vocab 256)" : " (vocab 50257)") : "");
+    uint32_t want_bpi = version == 1 ? 2u : mf_id_bytes(vocab);
+    if (bpi != want_bpi)
+        return mf_fail("token file %s (version %u) has %u bytes per id; vocab %u needs %u", path, version, bpi, vocab,
+                       want_bpi);
+    int reserved_from = 32;
+    if (version >= 2) {
+        uint64_t hash = mf_le64(h + 32);
+        if (kind == MF_TOK_HF && hash == 0)
+            return mf_fail("token file %s (version %u): tokenizer.json kind with tokenizer hash 0 (it must record "
+                           "the tokenizer's hash)", path, version);
+        if (kind != MF_TOK_HF && hash != mf_kind_hash(kind))
+            return mf_fail("token file %s (version %u): tokenizer hash 0x%016llx is not the %s tokenizer's", path,
+                           version, (unsigned long long)hash, mf_kind_name(kind));
+        reserved_from = 40;
+    }
+    for (int i = reserved_from; i < 64; i++)
         if (h[i]) return mf_fail("token file %s: reserved header byte %d is not zero", path, i);
     *n = mf_le64(h + 24);
     return 0;
@@ -89,29 +122,36 @@ int mf_tokfile_open(mf_tokfile *f, const char *path) {
     const unsigned char *h = map;
     uint64_t n = 0;
     if (mf_check_header(h, path, &n) != 0) { munmap(map, size); return -1; }
-    uint64_t held = (size - MF_TOK_HEADER) / 2;
+    uint32_t bpi = mf_le32(h + 20);
+    uint64_t held = (size - MF_TOK_HEADER) / bpi;
     if (n > held) {
         munmap(map, size);
         return mf_fail("token file %s is truncated: header says %llu ids, file holds %llu", path,
                        (unsigned long long)n, (unsigned long long)held);
     }
-    if (size != MF_TOK_HEADER + 2 * n) {
+    if (size != MF_TOK_HEADER + bpi * n) {
         munmap(map, size);
         return mf_fail("token file %s has %llu trailing bytes after the %llu ids its header promises", path,
-                       (unsigned long long)(size - MF_TOK_HEADER - 2 * n), (unsigned long long)n);
+                       (unsigned long long)(size - MF_TOK_HEADER - bpi * n), (unsigned long long)n);
     }
     uint32_t vocab = mf_le32(h + 16);
-    const uint16_t *ids = (const uint16_t *)(h + MF_TOK_HEADER);
+    const uint16_t *ids = bpi == 2 ? (const uint16_t *)(h + MF_TOK_HEADER) : NULL;
+    const uint32_t *ids32 = bpi == 4 ? (const uint32_t *)(h + MF_TOK_HEADER) : NULL;
     for (uint64_t i = 0; i < n; i++) {
-        if (ids[i] >= vocab) {
-            unsigned bad = ids[i];
+        uint32_t id = ids ? ids[i] : ids32[i];
+        if (id >= vocab) {
             munmap(map, size);
             return mf_fail("token file %s: id %u at byte offset %llu (index %llu) is not below the vocab size %u",
-                           path, bad, (unsigned long long)(MF_TOK_HEADER + 2 * i), (unsigned long long)i, vocab);
+                           path, id, (unsigned long long)(MF_TOK_HEADER + (uint64_t)bpi * i), (unsigned long long)i,
+                           vocab);
         }
     }
     (void)madvise(map, size, MADV_WILLNEED);
     f->ids = ids;
+    f->ids32 = ids32;
+    f->id_bytes = bpi;
+    f->version = mf_le32(h + 8);
+    f->tok_hash = f->version >= 2 ? mf_le64(h + 32) : mf_kind_hash(mf_le32(h + 12));
     f->n = n;
     f->kind = (mf_tok_kind)mf_le32(h + 12);
     f->vocab = vocab;
@@ -151,27 +191,67 @@ static int mf_fsync_dir(const char *path) {
     return rc;
 }
 
-int mf_tokfile_write(const char *path, mf_tok_kind kind, uint32_t vocab, const uint16_t *ids, uint64_t n) {
-    uint32_t want = mf_kind_vocab((uint32_t)kind);
-    if (!want) return mf_fail("cannot write token file %s: unknown tokenizer kind %d", path, (int)kind);
-    if (vocab != want)
-        return mf_fail("cannot write token file %s: vocab %u does not match tokenizer kind %s (%u)", path, vocab,
-                       kind == MF_TOK_BYTES ? "bytes" : "gpt2", want);
-    if (n && !ids) return mf_fail("cannot write token file %s: no ids given", path);
-    if (n > (SIZE_MAX - MF_TOK_HEADER) / 2) return mf_fail("cannot write token file %s: too many ids", path);
-    for (uint64_t i = 0; i < n; i++)
-        if (ids[i] >= vocab)
-            return mf_fail("cannot write token file %s: id %u at index %llu is not below the vocab size %u", path,
-                           ids[i], (unsigned long long)i, vocab);
+static int mf_tokfile_put(const char *path, const unsigned char *h, const void *body, size_t body_len);
+
+/* Writes a version-2 file from u16 (ids16) or u32 (ids32) ids. */
+static int mf_tokfile_write_any(const char *path, mf_tok_kind kind, uint32_t vocab, uint64_t tok_hash,
+                                const uint16_t *ids16, const uint32_t *ids32, uint64_t n) {
+    int64_t want = mf_kind_vocab(MF_TOK_VERSION, (uint32_t)kind);
+    if (want < 0) return mf_fail("cannot write token file %s: unknown tokenizer kind %d", path, (int)kind);
+    if (want ? vocab != (uint32_t)want : (vocab == 0 || vocab > (1u << 31)))
+        return mf_fail("cannot write token file %s: vocab %u does not match tokenizer kind %s", path, vocab,
+                       mf_kind_name((uint32_t)kind));
+    if (kind == MF_TOK_HF ? tok_hash == 0 : tok_hash != mf_kind_hash((uint32_t)kind))
+        return mf_fail("cannot write token file %s: tokenizer hash 0x%016llx is not the %s tokenizer's", path,
+                       (unsigned long long)tok_hash, mf_kind_name((uint32_t)kind));
+    uint32_t bpi = mf_id_bytes(vocab);
+    if (n && !ids16 && !ids32) return mf_fail("cannot write token file %s: no ids given", path);
+    if (n > (SIZE_MAX - MF_TOK_HEADER) / 4) return mf_fail("cannot write token file %s: too many ids", path);
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t id = ids16 ? ids16[i] : ids32[i];
+        if (id >= vocab)
+            return mf_fail("cannot write token file %s: id %u at index %llu is not below the vocab size %u", path, id,
+                           (unsigned long long)i, vocab);
+    }
+    /* the ids in the file's width */
+    void *conv = NULL;
+    const void *body = bpi == 2 ? (const void *)ids16 : (const void *)ids32;
+    if (n && !body) {
+        conv = malloc((size_t)n * bpi);
+        if (!conv) return mf_fail("out of memory writing %s", path);
+        for (uint64_t i = 0; i < n; i++) {
+            if (bpi == 2) ((uint16_t *)conv)[i] = (uint16_t)ids32[i];
+            else ((uint32_t *)conv)[i] = ids16[i];
+        }
+        body = conv;
+    }
 
     unsigned char h[MF_TOK_HEADER] = { 0 };
     memcpy(h, MF_TOK_MAGIC, 8);
     mf_put32(h + 8, MF_TOK_VERSION);
     mf_put32(h + 12, (uint32_t)kind);
     mf_put32(h + 16, vocab);
-    mf_put32(h + 20, 2);
+    mf_put32(h + 20, bpi);
     mf_put64(h + 24, n);
+    mf_put64(h + 32, tok_hash);
+    int rc = mf_tokfile_put(path, h, body, (size_t)n * bpi);
+    free(conv);
+    return rc;
+}
 
+int mf_tokfile_write(const char *path, mf_tok_kind kind, uint32_t vocab, const uint16_t *ids, uint64_t n) {
+    if (kind == MF_TOK_HF)
+        return mf_fail("cannot write token file %s: a tokenizer.json file needs its hash (mf_tokfile_write32)", path);
+    return mf_tokfile_write_any(path, kind, vocab, mf_kind_hash((uint32_t)kind), ids, NULL, n);
+}
+
+int mf_tokfile_write32(const char *path, mf_tok_kind kind, uint32_t vocab, uint64_t tok_hash, const uint32_t *ids,
+                       uint64_t n) {
+    return mf_tokfile_write_any(path, kind, vocab, tok_hash, NULL, ids, n);
+}
+
+/* Header then body to a temp file, fsync, rename, fsync the directory. */
+static int mf_tokfile_put(const char *path, const unsigned char *h, const void *body, size_t body_len) {
     size_t tl = strlen(path) + 32;
     char *tmp = malloc(tl);
     if (!tmp) return mf_fail("out of memory");
@@ -183,7 +263,7 @@ int mf_tokfile_write(const char *path, mf_tok_kind kind, uint32_t vocab, const u
         return rc;
     }
     const char *step = "write";
-    int ok = mf_write_all(fd, h, sizeof h) == 0 && mf_write_all(fd, ids, (size_t)n * 2) == 0;
+    int ok = mf_write_all(fd, h, MF_TOK_HEADER) == 0 && mf_write_all(fd, body, body_len) == 0;
     if (ok && !(ok = fsync(fd) == 0)) step = "fsync";
     int e = errno;
     if (close(fd) != 0 && ok) { ok = 0; step = "close"; e = errno; }

@@ -182,6 +182,8 @@ static int file_exists(const char *p) { struct stat st; return stat(p, &st) == 0
 
 mf_tokenizer *mf_tokenizer_open(const char *kind, const char *dir) {
     if (strcmp(kind, "bytes") == 0) return mf_tokenizer_bytes();
+    size_t kl = strlen(kind);
+    if (kl > 5 && strcmp(kind + kl - 5, ".json") == 0) return mf_tokenizer_hf(kind);
     char d[MF_PATH_MAX], enc[MF_PATH_MAX + 32], bpe[MF_PATH_MAX + 32], cache[MF_PATH_MAX];
     if (dir && dir[0]) snprintf(d, sizeof d, "%s", dir);
     else snprintf(d, sizeof d, "%s/gpt2", mf_cache_dir(cache, sizeof cache));
@@ -199,18 +201,18 @@ static int load_tokenizer(mf_trainer *t) {
     return t->tok ? 0 : -1;
 }
 
-typedef struct { uint16_t *ids; uint64_t n, cap; int err; } idvec;
+typedef struct { uint32_t *ids; uint64_t n, cap; int err; } idvec;
 static void push_id(int32_t id, void *ctx) {
     idvec *v = ctx;
     if (v->err) return;
     if (v->n == v->cap) {
         uint64_t cap = v->cap ? 2 * v->cap : 1 << 16;
-        uint16_t *ni = realloc(v->ids, cap * sizeof *ni);
+        uint32_t *ni = realloc(v->ids, cap * sizeof *ni);
         if (!ni) { v->err = 1; return; }
         v->ids = ni;
         v->cap = cap;
     }
-    v->ids[v->n++] = (uint16_t)id;
+    v->ids[v->n++] = (uint32_t)id;
 }
 
 int mf_tokenize_file(const mf_tokenizer *tok, const char *text_path, const char *out_path) {
@@ -230,7 +232,9 @@ int mf_tokenize_file(const mf_tokenizer *tok, const char *text_path, const char 
     int rc = mf_tokenizer_encode(tok, buf, (size_t)n, push_id, &v);
     free(buf);
     if (rc == 0 && v.err) rc = mf_fail("out of memory tokenizing %s", text_path);
-    if (rc == 0) rc = mf_tokfile_write(out_path, mf_tokenizer_kind(tok), (uint32_t)mf_tokenizer_vocab(tok), v.ids, v.n);
+    if (rc == 0)
+        rc = mf_tokfile_write32(out_path, mf_tokenizer_kind(tok), (uint32_t)mf_tokenizer_vocab(tok),
+                                mf_tokenizer_hash(tok), v.ids, v.n);
     free(v.ids);
     return rc;
 }
@@ -266,6 +270,9 @@ static int open_data(mf_trainer *t) {
         snprintf(t->cfg.val_data, sizeof t->cfg.val_data, "%s", vpath);
     }
     if (mf_tokfile_open(&t->train_file, data)) return -1;
+    if (t->train_file.kind == MF_TOK_HF || !t->train_file.ids)
+        return mf_fail("token file %s was made with a tokenizer.json; training on such files is not supported yet "
+                       "(the models use the gpt2 or bytes tokenizer)", data);
     const char *kinds[] = {"bytes", "gpt2"};
     if (strcmp(kinds[t->train_file.kind == MF_TOK_GPT2], t->d.tokenizer) != 0)
         return mf_fail("token file %s was made with the %s tokenizer but the model uses %s",
@@ -276,7 +283,7 @@ static int open_data(mf_trainer *t) {
     if (t->cfg.val_data[0]) {
         if (mf_tokfile_open(&t->val_file, t->cfg.val_data)) return -1;
         t->own_val_file = 1;
-        if (t->val_file.kind != t->train_file.kind) return mf_fail("validation file %s uses another tokenizer than %s", t->cfg.val_data, data);
+        if (t->val_file.kind != t->train_file.kind || !t->val_file.ids) return mf_fail("validation file %s uses another tokenizer than %s", t->cfg.val_data, data);
         t->train_lo = 0;
         t->train_hi = t->train_file.n;
         t->val_lo = 0;
