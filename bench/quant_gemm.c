@@ -5,8 +5,10 @@
  * fp32, bf16, int8, nf4 back to back (A B C D A B C D ...); the table gives
  * median milliseconds and the ratio to fp32, and the time of dequantising
  * the whole matrix once (mf_quant_unpack), the part of the overhead that is
- * not sgemm on tiles. Not a test. From the repository root, after `make`
- * (or any cmake build of build/):
+ * not sgemm on tiles; then, per shape, the nn.Linear-layout kernels
+ * (mf_quant_linear_*, the same product with W^T packed) as a time ratio to
+ * the Conv1D ones. Not a test. From the repository root, after `make` (or
+ * any cmake build of build/):
  *
  *   gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -Iinclude \
  *       -I/usr/include/x86_64-linux-gnu/openblas-openmp bench/quant_gemm.c \
@@ -89,6 +91,40 @@ int main(int argc, char **argv) {
             printf("%-12s %-4s %5d %5d %5d | %8.2f | %8.2f (%5.3fx) %8.2f (%5.3fx) %8.2f (%5.3fx) | %.2f / %.2f / %.2f\n",
                    shapes[s].what, op ? "bwd" : "fwd", M, K, N, med[0], med[1], med[1] / med[0], med[2],
                    med[2] / med[0], med[3], med[3] / med[0], mu[1], mu[2], mu[3]);
+        }
+        /* the nn.Linear-layout kernels on the same product: W^T (N,K) packed,
+         * against the Conv1D kernels above (medians of the same reps) */
+        {
+            float *wt = malloc((size_t)K * N * 4);
+            for (int kk = 0; kk < K; kk++)
+                for (int n = 0; n < N; n++) wt[(size_t)n * K + kk] = w[(size_t)kk * N + n];
+            double lf[NK], lb[NK];
+            for (int k = 0; k < NK; k++) {
+                void *q = malloc(mf_quant_bytes(ks[k], (int64_t)K * N));
+                mf_quant_pack(ks[k], q, wt, (int64_t)K * N);
+                size_t sb = mf_quant_linear_scratch_bytes(ks[k], M, K, N);
+                void *sc = sb ? malloc(sb) : NULL;
+                static double xf[MAXREP], xb[MAXREP];
+                for (int r = -1; r < reps; r++) {
+                    double t0 = bench_now();
+                    mf_quant_linear_forward(out, N, inp, q, bias, M, K, N, 0.0f, ks[k], sc);
+                    double t1 = bench_now();
+                    mf_quant_linear_backward_input(dinp, dout, N, q, M, K, N, ks[k], sc);
+                    double t2 = bench_now();
+                    if (r >= 0) {
+                        xf[r] = t1 - t0;
+                        xb[r] = t2 - t1;
+                    }
+                }
+                lf[k] = bench_median(xf, reps) * 1e3 / (bench_median(tf[k], reps) * 1e3);
+                lb[k] = bench_median(xb, reps) * 1e3 / (bench_median(tb[k], reps) * 1e3);
+                free(q);
+                free(sc);
+            }
+            printf("%-12s nn.Linear layout, time / Conv1D kernel's: fwd %.3f %.3f %.3f %.3f, bwd %.3f %.3f %.3f %.3f"
+                   " (fp32 bf16 int8 nf4)\n",
+                   shapes[s].what, lf[0], lf[1], lf[2], lf[3], lb[0], lb[1], lb[2], lb[3]);
+            free(wt);
         }
         for (int k = 0; k < NK; k++) {
             free(wq[k]);

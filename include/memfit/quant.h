@@ -143,8 +143,16 @@ void mf_quant_matmul_backward_input(float *dinp, const float *dout, const void *
  * and ldd >= N (q, k and v write column ranges of one wider row). W is
  * dequantised a tile of rows (forward) or a tile of row pieces (backward)
  * at a time into scratch, never whole; one OpenMP region per call; results
- * do not depend on the thread count beyond fp32 summation order. scratch:
- * mf_quant_linear_scratch_bytes(k, M, K, N) bytes (0 for fp32). */
+ * do not depend on the thread count beyond fp32 summation order. Forward
+ * splits out's columns (W's rows) between the threads, each dequantising
+ * MF_QUANT_TILE_ROWS / threads full rows of W at a time; backward splits
+ * dinp's columns (W's columns), each thread dequantising the pieces of
+ * MF_QUANT_TILE_ROWS rows that fall in its columns. Columns of out and dout
+ * past N are neither written nor read. beta = 0 never reads out (it may hold
+ * NaN). For MF_QUANT_F32, wq is the plain float matrix and no scratch is
+ * used. scratch: mf_quant_linear_scratch_bytes(k, M, K, N) bytes =
+ * min(N, MF_QUANT_TILE_ROWS) * K * 4 (0 for fp32), 4-byte aligned (64 for
+ * speed), for any thread count; the functions touch nothing past it. */
 size_t mf_quant_linear_scratch_bytes(mf_quant_kind k, int M, int K, int N);
 void mf_quant_linear_forward(float *out, int ldo, const float *inp, const void *wq, const float *bias, int M, int K,
                              int N, float beta, mf_quant_kind k, void *scratch);

@@ -1,6 +1,7 @@
 /* adapter_config.json reading, and memfit merge: folding an adapter into
  * (or out of) a model file's weights, as PEFT's merge_and_unload does for
- * GPT-2's Conv1D (fan_in_fan_out): W (in, out) += (alpha/r) * (B @ A)^T. */
+ * GPT-2's Conv1D (fan_in_fan_out): W (in, out) += (alpha/r) * (B @ A)^T;
+ * a Llama's nn.Linear: W (out, in) += (alpha/r) * B @ A. */
 #include "memfit/io.h"
 #include "memfit/lora.h"
 
@@ -65,21 +66,27 @@ int mf_lora_read_config(const char *dir, mf_lora_cfg *out, int *fan_in_fan_out) 
     return rc;
 }
 
-/* "h.3.attn.c_attn.weight" (optionally "transformer."-prefixed): the adapter
- * names of its lora_A and lora_B into a, b; 0 if the name is not a target */
+/* "h.3.attn.c_attn.weight" (optionally "transformer."-prefixed; GPT-2) or
+ * "model.layers.3.self_attn.q_proj.weight" (the Llama family): the adapter
+ * names of its lora_A and lora_B into a, b; returns 1 for a GPT-2 Conv1D
+ * target, 2 for a Llama nn.Linear one, 0 if the name is not a target */
 static int adapter_names(const char *name, char *a, char *b, size_t n) {
     if (strncmp(name, "transformer.", 12) == 0) name += 12;
-    int l, end = 0;
-    char rest[64];
-    if (sscanf(name, "h.%d.%63s%n", &l, rest, &end) != 2) return 0;
+    int l, end = 0, llama = 0;
+    char rest[96];
+    if (sscanf(name, "h.%d.%95s%n", &l, rest, &end) != 2) {
+        if (sscanf(name, "model.layers.%d.%95s%n", &l, rest, &end) != 2) return 0;
+        llama = 1;
+    }
     size_t rl = strlen(rest);
     if (rl < 8 || strcmp(rest + rl - 7, ".weight") != 0) return 0;
     rest[rl - 7] = 0;
     for (int k = 0; k < MF_LORA_TARGETS; k++)
-        if (strcmp(rest, mf_lora_target_name(k)) == 0) {
-            snprintf(a, n, PEFT_PREFIX "h.%d.%s.lora_A.weight", l, rest);
-            snprintf(b, n, PEFT_PREFIX "h.%d.%s.lora_B.weight", l, rest);
-            return 1;
+        if (strcmp(rest, mf_lora_target_path(k)) == 0 && (k >= MF_LORA_Q_PROJ) == llama) {
+            const char *pre = llama ? "base_model.model.model.layers" : PEFT_PREFIX "h";
+            snprintf(a, n, "%s.%d.%s.lora_A.weight", pre, l, rest);
+            snprintf(b, n, "%s.%d.%s.lora_B.weight", pre, l, rest);
+            return llama ? 2 : 1;
         }
     return 0;
 }
@@ -88,7 +95,12 @@ int mf_lora_merge_file(const char *model_path, const char *adapter_dir, const ch
     mf_lora_cfg cfg;
     int fifo = 0;
     if (mf_lora_read_config(adapter_dir, &cfg, &fifo)) return -1;
-    if (!fifo) return mf_fail("%s/adapter_config.json: fan_in_fan_out is not true (GPT-2's Conv1D weights are (in, out))", adapter_dir);
+    /* GPT-2's Conv1D weights are (in, out): fan_in_fan_out; a Llama's nn.Linear (out, in): not */
+    int want_fifo = !(cfg.targets & MF_LORA_LLAMA_TARGETS);
+    if (fifo != want_fifo)
+        return mf_fail("%s/adapter_config.json: fan_in_fan_out is %s, but its targets are %s modules (%s)", adapter_dir,
+                       fifo ? "true" : "false", want_fifo ? "GPT-2" : "Llama-family",
+                       want_fifo ? "Conv1D, (in, out)" : "nn.Linear, (out, in)");
     char apath[1100];
     snprintf(apath, sizeof apath, "%s/adapter_model.safetensors", adapter_dir);
     mf_st_file mf, af;
@@ -104,12 +116,13 @@ int mf_lora_merge_file(const char *model_path, const char *adapter_dir, const ch
         e[i] = (mf_st_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data, .nbytes = t->nbytes};
         memcpy(e[i].shape, t->shape, sizeof e[i].shape);
         char an[160], bn[160];
-        if (!adapter_names(t->name, an, bn, sizeof an)) continue;
+        int kind = adapter_names(t->name, an, bn, sizeof an);
+        if (!kind) continue;
         const mf_st_tensor *A = mf_st_find(&af, an), *B = mf_st_find(&af, bn);
         if (!A && !B) continue;  /* a layer or target without an adapter */
         if (!A || !B) { rc = mf_fail("%s: has only one of %s and %s", apath, an, bn); break; }
         if (t->dtype != MF_DTYPE_F32 || t->ndim != 2) { rc = mf_fail("%s: '%s' is not a 2-D F32 weight", model_path, t->name); break; }
-        int64_t in = t->shape[0], out = t->shape[1];
+        int64_t in = kind == 2 ? t->shape[1] : t->shape[0], out = kind == 2 ? t->shape[0] : t->shape[1];
         if (A->dtype != MF_DTYPE_F32 || B->dtype != MF_DTYPE_F32 || A->ndim != 2 || B->ndim != 2 || A->shape[0] != cfg.r ||
             A->shape[1] != in || B->shape[0] != out || B->shape[1] != cfg.r) {
             rc = mf_fail("%s: %s / lora_B do not fit '%s' [%lld, %lld] with r %d (lora_A must be [r, in], lora_B [out, r], F32)",
@@ -119,9 +132,12 @@ int mf_lora_merge_file(const char *model_path, const char *adapter_dir, const ch
         bufs[i] = malloc(t->nbytes);
         if (!bufs[i]) { rc = mf_fail("out of memory merging %s", t->name); break; }
         memcpy(bufs[i], t->data, t->nbytes);
-        /* W (in,out) += s * A^T (in,r) @ B^T (r,out) = s * (B @ A)^T */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasTrans, (int)in, (int)out, cfg.r, s, A->data, (int)in, B->data, cfg.r,
-                    1.0f, bufs[i], (int)out);
+        if (kind == 2) /* W (out,in) += s * B (out,r) @ A (r,in) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)out, (int)in, cfg.r, s, B->data, cfg.r, A->data,
+                        (int)in, 1.0f, bufs[i], (int)in);
+        else /* W (in,out) += s * A^T (in,r) @ B^T (r,out) = s * (B @ A)^T */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasTrans, (int)in, (int)out, cfg.r, s, A->data, (int)in, B->data,
+                        cfg.r, 1.0f, bufs[i], (int)out);
         e[i].data = bufs[i];
         used += 2;
     }

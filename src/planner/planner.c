@@ -16,9 +16,11 @@
  * "lora" values are "" (full fine-tuning) or "BASE_DTYPE|LORA_SPEC". */
 #define MAX_VALS 24
 #define N_AXES 7
-/* the adapters the planner offers: r=8 on all four block matrices (the
- * README's walk-through and bench/lora.sh) */
+/* the adapters the planner offers: r=8 on all of a block's matrices
+ * (GPT-2's four: the README's walk-through and bench/lora.sh; a Llama's
+ * seven projections) */
 #define MF_PLANNER_LORA "r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj"
+#define MF_PLANNER_LORA_LLAMA "r=8,alpha=16,dropout=0.05,targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 typedef struct {
     const char *key;
     int n;
@@ -110,11 +112,12 @@ static int build_axes(axis *ax, const mf_config *cfg, int eff, int allow_lossy, 
         axis_add(&ax[6], cfg->lora[0] ? lv : "", 0);
     } else {
         axis_add(&ax[6], "", 0);
-        if (allow_lossy && cfg->init[0]) {
+        mf_dims d;
+        if (allow_lossy && cfg->init[0] && mf_model_dims(cfg, &d) == 0) {
             static const char *base[] = {"fp32", "bf16", "int8", "nf4"};
             for (int i = 0; i < 4; i++) {
                 char lv[MF_PATH_MAX + 32];
-                snprintf(lv, sizeof lv, "%s|%s", base[i], MF_PLANNER_LORA);
+                snprintf(lv, sizeof lv, "%s|%s", base[i], d.arch == MF_ARCH_LLAMA ? MF_PLANNER_LORA_LLAMA : MF_PLANNER_LORA);
                 axis_add(&ax[6], lv, 1);
             }
         }

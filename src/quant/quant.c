@@ -386,3 +386,101 @@ void mf_quant_matmul_backward_input(float *dinp, const float *dout, const void *
         }
     }
 }
+
+/* ---- nn.Linear layout: W (N,K), row n = output n's K weights ---------- */
+
+/* The Conv1D kernels above, mirrored: W's rows are now outputs, so the
+ * forward (out = inp @ W^T) dequantises whole rows of W, the way the Conv1D
+ * backward does, and the backward (dinp += dout @ W) dequantises column
+ * strips of W's rows, the way the Conv1D forward does. Scratch is one tile
+ * of tr = min(N, MF_QUANT_TILE_ROWS) rows of K floats in both:
+ *  - forward: thread t owns out[:, n0:n1) (W's rows n0..n1) and steps
+ *    through them h = tr / threads rows at a time; h full rows are h*K
+ *    consecutive packed values, one unpack_serial, into its h x K slice of
+ *    scratch at t*h*K, then sgemm(NoTrans, Trans) on it;
+ *  - backward: thread t owns dinp[:, ka:kb) and steps through W's rows tr
+ *    at a time, dequantising the pieces [ka, kb) of each row (one
+ *    unpack_serial per row) into its tr x (kb - ka) strip of scratch at
+ *    tr*ka, then sgemm(NoTrans, NoTrans) on it.
+ * No two threads write the same element of out or dinp, and each element's
+ * sum runs over the same tiles on any thread count. */
+
+size_t mf_quant_linear_scratch_bytes(mf_quant_kind k, int M, int K, int N) {
+    (void)M;
+    if (k == MF_QUANT_F32 || K <= 0 || N <= 0) return 0;
+    return (size_t)tile_rows(N) * (size_t)K * sizeof(float);
+}
+
+/* out[:, n0:n1) = beta * out + bias (bias NULL: + 0), over M rows of ldo;
+ * beta 0 writes without reading (out may hold NaN). The forward's first
+ * write when there is a bias, or no product (K = 0). */
+static void linear_prep(float *out, int ldo, const float *bias, float beta, int M, int n0, int n1) {
+    for (int m = 0; m < M; m++) {
+        float *o = out + (size_t)m * ldo;
+        if (beta == 0.0f) {
+            if (bias) memcpy(o + n0, bias + n0, (size_t)(n1 - n0) * sizeof(float));
+            else memset(o + n0, 0, (size_t)(n1 - n0) * sizeof(float));
+        } else if (bias) {
+            for (int n = n0; n < n1; n++) o[n] = beta * o[n] + bias[n];
+        } else if (beta != 1.0f) {
+            for (int n = n0; n < n1; n++) o[n] *= beta;
+        }
+    }
+}
+
+void mf_quant_linear_forward(float *out, int ldo, const float *inp, const void *wq, const float *bias, int M, int K,
+                             int N, float beta, mf_quant_kind k, void *scratch) {
+    if (M <= 0 || N <= 0) return;
+    if (ldo < N) mf_panic("mf_quant_linear_forward: ldo %d < N %d", ldo, N);
+    if (K <= 0 || (bias && k == MF_QUANT_F32)) {
+        /* whole-matrix prep: nothing else runs (K = 0), or one sgemm follows */
+#pragma omp parallel for schedule(static) if ((int64_t)M * N >= PAR_MIN)
+        for (int m = 0; m < M; m++) linear_prep(out + (size_t)m * ldo, ldo, bias, beta, 1, 0, N);
+        if (K <= 0) return;
+    }
+    float beta0 = bias ? 1.0f : beta; /* the first sgemm's beta: a bias is already in out */
+    if (k == MF_QUANT_F32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, inp, K, (const float *)wq, K, beta0, out,
+                    ldo);
+        return;
+    }
+    int tr = tile_rows(N);
+#pragma omp parallel num_threads(gemm_threads(tr))
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads(), h = tr / nt;
+        int n0 = (int)((int64_t)N * t / nt), n1 = (int)((int64_t)N * (t + 1) / nt);
+        float *s = (float *)scratch + (size_t)t * h * K; /* this thread's h x K tile */
+        if (bias && n1 > n0) linear_prep(out, ldo, bias, beta, M, n0, n1);
+        for (int r0 = n0; r0 < n1; r0 += h) {
+            int rt = n1 - r0 < h ? n1 - r0 : h;
+            unpack_serial(k, s, wq, (int64_t)r0 * K, (int64_t)rt * K);
+            /* each tile is its own columns' whole sum over K: beta0 every time */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, rt, K, 1.0f, inp, K, s, K, beta0, out + r0,
+                        ldo);
+        }
+    }
+}
+
+void mf_quant_linear_backward_input(float *dinp, const float *dout, int ldd, const void *wq, int M, int K, int N,
+                                    mf_quant_kind k, void *scratch) {
+    if (M <= 0 || K <= 0 || N <= 0) return;
+    if (ldd < N) mf_panic("mf_quant_linear_backward_input: ldd %d < N %d", ldd, N);
+    if (k == MF_QUANT_F32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, dout, ldd, (const float *)wq, K, 1.0f,
+                    dinp, K);
+        return;
+    }
+    int tr = tile_rows(N);
+#pragma omp parallel num_threads(gemm_threads(K))
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int ka = (int)((int64_t)K * t / nt), kb = (int)((int64_t)K * (t + 1) / nt), w = kb - ka;
+        float *s = (float *)scratch + (size_t)tr * ka; /* this thread's tr x w strip */
+        for (int o0 = 0; o0 < N && w > 0; o0 += tr) {
+            int ot = N - o0 < tr ? N - o0 : tr;
+            for (int r = 0; r < ot; r++) unpack_serial(k, s + (size_t)r * w, wq, (int64_t)(o0 + r) * K + ka, w);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, w, ot, 1.0f, dout + o0, ldd, s, w, 1.0f,
+                        dinp + ka, K);
+        }
+    }
+}
