@@ -11,7 +11,12 @@
 #  (c) the reference's own reader opens memfit's OUT (config.json keys,
 #      tensor names, (out, in) layout) and its loss on a batch equals
 #      memfit's eval loss on the same batch within 1e-5.
-# Done for a Llama (untied, GQA) and a Qwen2 (q/k/v biases, tied) folder.
+#  (d) config.json as transformers reads it: without tie_word_embeddings the
+#      head is untied (LlamaConfig, Qwen2Config and MistralConfig default it
+#      to False; PretrainedConfig's True does not apply), so lm_head.weight
+#      is the head, not silently dropped; and the run's report does not call
+#      a Llama folder by a GPT-2 preset's name.
+# (a)-(c) for a Llama (untied, GQA) and a Qwen2 (q/k/v biases, tied) folder.
 set -u
 M=${MEMFIT_BIN:?}
 SRC=${MEMFIT_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -139,4 +144,28 @@ sys.exit(0 if a.keys() == b.keys() and all(a[k] == b[k] for k in a) else 1)" "$o
   # (c) the reference reads memfit's folder; its loss is memfit's
   close "$arch: reference forward on memfit's folder vs memfit eval" "$(eval_loss "$out")" "$(ref_loss "$out")" 1e-5
 done
+
+# (d) no tie_word_embeddings key: untied, as transformers loads it. The
+# folder's lm_head.weight is then the head, and the loss is that of the same
+# folder with the key false (a tied reading would use embed_tokens instead)
+rm -rf "$W/nokey"; cp -r "$W/llama-f32" "$W/nokey"
+sed -i '/"tie_word_embeddings"/d' "$W/nokey/config.json"
+if grep -q tie_word_embeddings "$W/nokey/config.json" || ! grep -q '"tie_word_embeddings": false' "$W/llama-f32/config.json"; then
+  echo "FAIL: could not remove tie_word_embeddings from the folder's config.json"; fail=1
+fi
+a=$(eval_loss "$W/llama-f32") b=$(eval_loss "$W/nokey")
+if [ -n "$a" ] && [ "$a" = "$b" ]; then
+  echo "ok   config.json without tie_word_embeddings loads untied (lm_head.weight used): eval loss $b"
+else
+  echo "FAIL config.json without tie_word_embeddings: eval loss $b, but $a with the key false (transformers'"
+  echo "     LlamaConfig/Qwen2Config/MistralConfig default tie_word_embeddings to False: lm_head.weight is the head)"; fail=1
+fi
+# the report names what runs: not a GPT-2 preset for a Llama folder
+"$M" train --init "$W/llama-f32" "${one[@]}" --steps 1 --val_every 0 >"$W/log" 2>&1
+"$M" estimate --init "$W/llama-f32" --batch $B --seq $T >>"$W/log" 2>&1
+if grep -q '^model gpt2' "$W/log"; then
+  echo "FAIL report: a LlamaForCausalLM folder is reported as a GPT-2 preset:"; grep '^model' "$W/log"; fail=1
+else
+  echo "ok   report: $(grep -m1 '^model' "$W/log")"
+fi
 exit $fail
