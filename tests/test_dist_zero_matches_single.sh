@@ -7,7 +7,8 @@
 # init) move by up to lr either way whatever the summation order; a single
 # process shows the same 1.6e-6 between batch 4 and batch 2 x grad_accum 2.
 # Each rank's ledger equals its plan, and each stage's per-rank plan is
-# smaller than the one before.
+# smaller than the one before. Llama-family models (untied and tied heads)
+# likewise.
 set -u
 M=${MEMFIT_BIN:?}
 . "$(dirname "$0")/mpi_env.sh"
@@ -79,6 +80,24 @@ compare single-sgd zero1-sgd 1e-6
 # three ranks: uneven shards and rings of more than one step
 run1 single-b6 --batch 6
 for z in 0 3; do NP=3 run2 "np3-zero$z" --batch 6 --zero $z; compare single-b6 "np3-zero$z" 1e-5; done
+# Llama family: llama-tiny's untied head (its gradient is complete with the
+# loss, in the head's forward phase, before any other) and a tied head from a
+# Hugging Face folder the PyTorch reference writes; on a token file of their own
+head -c 100000 /dev/urandom | base64 > "$W/llama.txt"
+"$M" tokenize --tokenizer bytes "$W/llama.txt" "$W/llama.tok" >/dev/null || { echo "FAIL llama: tokenize"; fail=1; }
+run1 llama-single --model llama-tiny --data "$W/llama.tok"
+for z in 1 2 3; do run2 "llama-zero$z" --model llama-tiny --data "$W/llama.tok" --zero $z; compare llama-single "llama-zero$z" 1e-5; done
+if /usr/bin/python3 "${MEMFIT_SRC:-$(dirname "$0")/..}/tests/ref/llama_torch.py" make-hf --out "$W/llama-tied-hf" \
+    --arch llama --layers 2 --hidden 64 --heads 8 --kv_heads 2 --head_dim 8 --inter 160 --vocab 256 --max_pos 256 \
+    --tied 1 --norm_jitter 0.1 >/dev/null 2>&1; then
+  run1 llama-tied-single --init "$W/llama-tied-hf" --data "$W/llama.tok"
+  for z in 2 3; do
+    run2 "llama-tied-zero$z" --init "$W/llama-tied-hf" --data "$W/llama.tok" --zero $z
+    compare llama-tied-single "llama-tied-zero$z" 1e-5
+  done
+else
+  echo "FAIL llama-tied: the PyTorch reference (/usr/bin/python3 with python3-torch) wrote no folder"; fail=1
+fi
 # without mpirun, --zero changes nothing: the same plan and losses as stage 0
 run1 single-zero2 --zero 2
 cmp <(grep -o '"loss":[^,]*' "$W/single.jsonl") <(grep -o '"loss":[^,]*' "$W/single-zero2.jsonl") >/dev/null \

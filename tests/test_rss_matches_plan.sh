@@ -2,7 +2,8 @@
 # Peak RSS of real training runs is within max(3%, 32 MiB) of the measured
 # baseline plus the planned arena, and the ledger equals the plan, for
 # models from 1M to 124M parameters, every recompute policy, every
-# optimizer, every precision, and LoRA on a frozen base (fp32 and NF4).
+# optimizer, every precision, LoRA on a frozen base (fp32 and NF4), and
+# Llama-family models (from a preset and from a Hugging Face folder).
 # (Release build only: sanitizers change the process's memory.)
 set -u
 M=${MEMFIT_BIN:?}
@@ -67,6 +68,27 @@ run gpt2-124m-B2-T256-lora-full --model gpt2-124m --batch 2 --seq 256 --steps 1 
 run gpt2-10m-B8-T256-qlora-init --model gpt2-10m --batch 8 --seq 256 --steps 2 --lora "$LORA" --base_dtype nf4 \
   --init "$W/ck/model.safetensors"
 run gpt2-124m-B2-T256-qlora-full --model gpt2-124m --batch 2 --seq 256 --steps 1 --lora "$LORA" --base_dtype nf4 --recompute full
+# Llama family (RMSNorm, GQA + RoPE, SwiGLU): llama-tiny widened until the
+# arena dominates (2.95M params, 110 MiB arena at recompute none), on a
+# byte-level token file of its own; recompute none and full; and weights
+# loaded from a Hugging Face folder (bf16 in 2 shards, tied head, written by
+# the PyTorch reference) after the arena exists, which must not add the files
+# to the peak
+head -c 300000 /dev/urandom | base64 > "$W/llama.txt"
+"$M" tokenize --tokenizer bytes "$W/llama.txt" "$W/llama.tok" >/dev/null || { echo "FAIL llama: tokenize"; fail=1; }
+LLAMA=(--model llama-tiny --n_layer 4 --n_embd 256 --n_head 8 --n_kv_head 2 --intermediate_size 704 --batch 4 --seq 256
+       --data "$W/llama.tok")
+for p in none full; do
+  run "llama-L4-C256-kv2-B4-T256-$p" "${LLAMA[@]}" --steps 2 --recompute "$p"
+done
+if /usr/bin/python3 "${MEMFIT_SRC:-$(dirname "$0")/..}/tests/ref/llama_torch.py" make-hf --out "$W/llama-hf" --arch llama \
+    --layers 4 --hidden 256 --heads 8 --kv_heads 2 --inter 704 --vocab 256 --max_pos 256 --tied 1 --dtype BF16 --shards 2 \
+    >/dev/null 2>&1; then
+  run llama-L4-C256-tied-hf-bf16-B4-T256-selective --init "$W/llama-hf" --batch 4 --seq 256 --data "$W/llama.tok" \
+    --steps 2 --recompute selective
+else
+  echo "FAIL llama-hf: the PyTorch reference (/usr/bin/python3 with python3-torch) wrote no folder"; fail=1
+fi
 # data parallel over 2 ranks: each rank's peak RSS is its baseline plus its
 # own plan, and falls from stage to stage as the plan says. The model is
 # 10.7M parameters of layers (byte vocabulary, width 384): with GPT-2's
