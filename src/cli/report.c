@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *sz(size_t b, char *buf) { return mf_size_format(b, buf, 32); }
 
@@ -20,6 +21,13 @@ static const char *recompute_desc(const mf_config *cfg, const mf_model *m, char 
         snprintf(buf, n, "%s: segments of %d blocks", cfg->recompute, m->seg);
     else snprintf(buf, n, "%s", cfg->recompute);
     return buf;
+}
+
+/* The model's name in reports: the preset, or the Hugging Face folder its
+ * shape came from (--init DIR) */
+static const char *model_name(const mf_config *cfg) {
+    struct stat st;
+    return cfg->init[0] && stat(cfg->init, &st) == 0 && S_ISDIR(st.st_mode) ? cfg->init : cfg->model;
 }
 
 /* 1234567 -> "1,234,567" (a static buffer: one call per printf) */
@@ -76,7 +84,7 @@ static void lora_line(FILE *f, const mf_model *m, const mf_config *cfg, const mf
 void mf_report_header(FILE *f, const mf_trainer *t) {
     const mf_dims *d = &t->d;
     fprintf(f, "model %s: %.2fM params (L%d C%d H%d, block %d, vocab %d padded to %d, %s tokenizer)\n",
-            t->cfg.model, (double)mf_model_n_params(d) / 1e6, d->L, d->C, d->NH, d->maxT, d->V, d->Vp, d->tokenizer);
+            model_name(&t->cfg), (double)mf_model_n_params(d) / 1e6, d->L, d->C, d->NH, d->maxT, d->V, d->Vp, d->tokenizer);
     char rc[64];
     fprintf(f, "batch %d x seq %d x accum %d = %d tokens/step, %d threads; train %llu tokens, val %d batches; recompute %s\n",
             t->B, t->T, t->cfg.grad_accum, t->B * t->T * t->cfg.grad_accum, t->nthreads,
@@ -248,7 +256,7 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
     const char *prec = m->cdt == MF_DTYPE_BF16 ? (m->opt.master ? "bf16 (fp32 master weights)" : "bf16 (no master weights)")
                      : m->cdt == MF_DTYPE_F16 ? "fp16 (fp32 master weights, loss scaling)" : "fp32";
     fprintf(f, "model %s: %lld params (L%d C%d H%d, block %d, vocab %d), batch %d x seq %d, %s, optimizer %s, recompute %s\n",
-            cfg->model, (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T, prec,
+            model_name(cfg), (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T, prec,
             optim_desc(m, od, sizeof od), recompute_desc(cfg, m, rc, sizeof rc));
     lora_line(f, m, cfg, d);
     if (m->opt.world > 1) {
@@ -300,7 +308,7 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
                            size_t runtime) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
-    cJSON_AddStringToObject(o, "model", cfg->model);
+    cJSON_AddStringToObject(o, "model", model_name(cfg));
     cJSON_AddNumberToObject(o, "n_params", (double)mf_model_n_params(d));
     cJSON_AddNumberToObject(o, "n_trainable", (double)mf_model_n_trainable(m));
     if (m->lora.r > 0) {

@@ -98,9 +98,10 @@ int mf_hf_read_config(const char *dir, mf_dims *d) {
     d->maxT = 2048;
     if ((r = num(o, "max_position_embeddings", 1, 1 << 24, &x, path)) < 0) goto out;
     if (!r) d->maxT = (int)x;
-    /* tie_word_embeddings defaults to true in PretrainedConfig */
+    /* tie_word_embeddings: LlamaConfig, Qwen2Config and MistralConfig all
+     * default it to false (PretrainedConfig's true is overridden) */
     const cJSON *tw = cJSON_GetObjectItemCaseSensitive(o, "tie_word_embeddings");
-    d->tied = !tw || cJSON_IsTrue(tw);
+    d->tied = cJSON_IsTrue(tw);
     if (tw && !cJSON_IsBool(tw)) { mf_fail("%s: 'tie_word_embeddings' must be true or false", path); goto out; }
     /* q/k/v biases: Qwen2 always; Llama when attention_bias (which would
      * also put one on o_proj: refused below) */

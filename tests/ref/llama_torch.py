@@ -291,7 +291,7 @@ class Cfg:
         return Cfg(arch=arch, layers=c["num_hidden_layers"], hidden=H, heads=nh,
                    kv_heads=c.get("num_key_value_heads") or nh,
                    head_dim=c.get("head_dim") or H // nh, inter=c["intermediate_size"],
-                   vocab=c["vocab_size"], tied=c.get("tie_word_embeddings", arch != "mistral"),
+                   vocab=c["vocab_size"], tied=c.get("tie_word_embeddings", False),
                    qkv_bias=(arch == "qwen2"), rope_theta=theta, rope_scaling=scaling,
                    window=(c.get("sliding_window") or 0) if arch == "mistral" else 0,
                    eps=c.get("rms_norm_eps", 1e-6), max_pos=c.get("max_position_embeddings", 2048))
