@@ -171,8 +171,10 @@ static int mkdir_p(const char *dir) {
 
 static void usage_train(FILE *f) {
     fprintf(f, "usage: memfit train [--config FILE.yaml] [--key=value ...]\n"
-               "  Trains a GPT-2 model inside its memory plan and ends with the memory report.\n"
+               "  Trains a GPT-2 or Llama-family model inside its memory plan and ends with the memory report.\n"
                "  Shorthand: --model PRESET --batch B --seq T --steps N --budget SIZE.\n"
+               "  --tokenizer gpt2|bytes|PATH/tokenizer.json with any model whose vocab_size holds its ids\n"
+               "  (--init DIR: DIR/tokenizer.json by default); --data must be tokenized with that tokenizer.\n"
                "  --trace FILE.json writes phases, steps and memory by category (ui.perfetto.dev);\n"
                "  --report DIR writes DIR/report.html (and DIR/metrics.jsonl unless --metrics is given).\n"
                "  Under mpirun -np N: data parallel over N ranks, --batch split over them, --zero 0-3 shards state.\n"
@@ -558,10 +560,12 @@ static int cmd_plan(int argc, char **argv) {
 
 static int cmd_infer(int argc, char **argv, int sample) {
     if (wants_help(argc, argv)) {
-        if (sample) printf("usage: memfit sample --init MODEL.safetensors [--model PRESET] [--prompt TEXT] [--sample_tokens N]\n"
-                           "       [--temperature X] [--top_k K] [--seed S]\n  Generates text from trained weights.\n\n");
-        else printf("usage: memfit eval --init MODEL.safetensors [--model PRESET] [--data FILE.tok | --val_data FILE.tok]\n"
-                    "  Prints the mean loss over the validation batches.\n\n");
+        if (sample) printf("usage: memfit sample --init MODEL.safetensors|HF_DIR [--model PRESET] [--prompt TEXT] [--sample_tokens N]\n"
+                           "       [--temperature X] [--top_k K] [--seed S] [--tokenizer gpt2|bytes|PATH/tokenizer.json]\n"
+                           "  Generates text from trained weights, decoded with the tokenizer (HF_DIR/tokenizer.json by default).\n\n");
+        else printf("usage: memfit eval --init MODEL.safetensors|HF_DIR [--model PRESET] [--data FILE.tok | --val_data FILE.tok]\n"
+                    "       [--tokenizer gpt2|bytes|PATH/tokenizer.json]\n"
+                    "  Prints the mean loss over the validation batches (token files of the run's tokenizer).\n\n");
         mf_config_print_help(stdout);
         return 0;
     }
@@ -653,7 +657,9 @@ static int cmd_tokenize(int argc, char **argv) {
                "       memfit tokenize --encode [TEXT] [--tokenizer ...]   (prints ids; no TEXT: reads stdin)\n"
                "       memfit tokenize --decode IDS [--tokenizer ...]      (ids separated by commas/spaces -> text)\n"
                "  The GPT-2 files come from tokenizer_dir (default $MEMFIT_CACHE/gpt2). A tokenizer.json\n"
-               "  (Hugging Face BPE: Llama 3, Qwen, Llama 2, ...) encodes without adding BOS/EOS.\n");
+               "  (Hugging Face BPE: Llama 3, Qwen, Llama 2, ...) encodes without adding BOS/EOS.\n"
+               "  OUTPUT.tok records the tokenizer (its hash) and holds u32 ids when its vocabulary exceeds\n"
+               "  65536 (docs/formats.md); train and eval take it only with the same --tokenizer.\n");
         return 0;
     }
     if (encode && decode) return die("tokenize takes --encode or --decode, not both");
