@@ -109,6 +109,17 @@ void mf_quant_nf4_stats_add(mf_quant_nf4_stats *st, const float *src, int64_t n)
 float mf_quant_nf4_offset(const mf_quant_nf4_stats *st);
 void mf_quant_pack_part(mf_quant_kind k, void *dst, const float *src, int64_t lo, int64_t n, float nf4_offset);
 
+/* Packs n values that fill(ctx, buf, lo, len) writes into buf for [lo,
+ * lo+len), a part of at most MF_QUANT_STREAM_PART values at a time through
+ * one heap buffer of that size (4 MiB), so no fp32 copy of the tensor is
+ * ever whole. fill is called for the parts in order from lo = 0, once for
+ * most kinds, twice over for NF4 (its offset needs every block first): it
+ * must give the same values each time. Bytes as mf_quant_pack of the
+ * whole. -1 (message) if the buffer cannot be had. */
+#define MF_QUANT_STREAM_PART ((int64_t)64 * MF_QUANT_PART_ALIGN)
+typedef void (*mf_quant_fill_fn)(void *ctx, float *buf, int64_t lo, int64_t len);
+int mf_quant_pack_stream(mf_quant_kind k, void *dst, int64_t n, mf_quant_fill_fn fill, void *ctx);
+
 /* dst[0..n) = the dequantised values [lo, lo+n) of a tensor packed by
  * mf_quant_pack (lo + n <= the packed count; any lo, n). OpenMP-parallel for
  * large n. */

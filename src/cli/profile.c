@@ -71,7 +71,7 @@ static void layer_table(FILE *f, const mf_trainer *t, const mf_observer *o) {
     for (int l = 0; l < L; l++) {
         prow *r = &rows[l];
         r->order = l;
-        snprintf(r->label, sizeof r->label, "h.%d", l);
+        snprintf(r->label, sizeof r->label, m->d.arch == MF_ARCH_LLAMA ? "layers.%d" : "h.%d", l);
         int pf = mf_phase_layer_fwd(m, l), pb = mf_phase_layer_bwd(m, l);
         r->scratch = maxz(o->phase_work[pf], o->phase_work[pb]);
         r->fwd_ms = ms(o, pf);

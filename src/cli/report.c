@@ -285,7 +285,7 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
     fprintf(f, "\n  per layer      params      grads  optimizer activations    scratch%s\n", show_master ? "     master" : "");
     for (int l = 0; l <= d->L; l++) {
         char lab[16];
-        if (l < d->L) snprintf(lab, sizeof lab, "h.%d", l);
+        if (l < d->L) snprintf(lab, sizeof lab, d->arch == MF_ARCH_LLAMA ? "layers.%d" : "h.%d", l);
         else snprintf(lab, sizeof lab, "other");
         fprintf(f, "  %-10s", lab);
         for (int k = 0; k < 5; k++) fprintf(f, " %10s", sz(rows[l][shown[k]], a));

@@ -53,8 +53,9 @@ int mf_zero_plan(mf_plan *plan, const mf_model *mc) {
     m->comm = -1;
     if (m->mode != MF_MODE_TRAIN || m->opt.world <= 1) return 0;
     /* stages 0 and 1 reduce in the optimizer phase, stage 2 from the head's
-     * backward (ln_f's gradient) to the embedding's */
-    int first = m->opt.zero >= 2 ? mf_phase_head_bwd(m) : mf_phase_optim(m);
+     * backward (ln_f's gradient) to the embedding's; an untied head's
+     * gradient is complete with the loss, in the head's forward phase */
+    int first = m->opt.zero >= 2 ? (m->t_head >= 0 ? mf_phase_head_fwd(m) : mf_phase_head_bwd(m)) : mf_phase_optim(m);
     int last = m->opt.zero >= 2 ? mf_phase_emb_bwd(m) : mf_phase_optim(m);
     int64_t shape[1] = {mf_zero_ring_numel(m)};
     m->comm = mf_plan_add(plan, "comm.ring", MF_CAT_COMM, MF_DTYPE_F32, 1, shape, first, last, -1);

@@ -742,6 +742,19 @@ float *mf_model_stage(const mf_model *m, const mf_arena *a, int64_t n) {
     return NULL;
 }
 
+/* A quantised frozen matrix's values, drawn a part at a time in the order
+ * the full draw would take them (N(0, std), padding rows 0); the NF4
+ * second pass starts the same stream again. */
+typedef struct { mf_rng *rng, start; float std; int64_t pad_from; } qinit_ctx;
+static void qinit_fill(void *ctx, float *buf, int64_t lo, int64_t len) {
+    qinit_ctx *q = ctx;
+    if (lo == 0) *q->rng = q->start;
+    for (int64_t k = 0; k < len; k++) {
+        float v = q->std * mf_rng_normal(q->rng);
+        buf[k] = lo + k >= q->pad_from ? 0.0f : v;
+    }
+}
+
 void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
     mf_rng rng;
     mf_rng_seed(&rng, seed);
@@ -749,13 +762,19 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *t = &m->tensors[i];
         if (t->lora) break;  /* the adapters come last: mf_lora_init_weights below */
+        if (t->qkind) {
+            /* a quantised base matrix: the same draws, packed a part at a
+             * time (its fp32 values never exist whole: a 1B model's
+             * embedding would be 1 GiB of heap at start-up) */
+            int emb = t->role == MF_ROLE_EMB || t->role == MF_ROLE_HEAD;
+            qinit_ctx q = {&rng, rng, strstr(t->name, "c_proj.weight") ? proj_std : 0.02f,
+                           emb ? t->rows_file * t->shape[1] : t->numel};
+            if (mf_quant_pack_stream((mf_quant_kind)t->qkind, mf_arena_ptr(a, t->p), t->numel, qinit_fill, &q))
+                mf_panic("%s", mf_error());
+            continue;
+        }
         /* ZeRO 3: the same values, this rank's shard [lo, hi) of them kept */
         void *p = t->ps >= 0 ? (void *)((float *)mf_arena_ptr(a, t->ps) - t->lo) : mf_arena_ptr(a, mf_tensor_weights_row(t));
-        float *heap = NULL;
-        if (t->qkind) {  /* a quantised base weight: drawn in fp32, then packed */
-            p = mf_model_stage(m, a, t->numel);
-            if (!p && !(p = heap = malloc((size_t)t->numel * sizeof(float)))) mf_panic("out of memory staging %s", t->name);
-        }
         int64_t lo = t->ps >= 0 ? t->lo : 0, hi = t->ps >= 0 ? t->hi : t->numel;
         const char *nm = t->name;
         /* norms' weights: GPT-2's ln_*.weight, Llama's *norm.weight */
@@ -773,10 +792,6 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
             for (int64_t k = t->rows_file * t->shape[1]; k < t->numel; k++)
                 if (k >= lo && k < hi) put_w(m, t, p, k, 0.0f);
         mf_model_sync_params(m, a, i, 1);
-        if (t->qkind) {
-            mf_quant_pack((mf_quant_kind)t->qkind, mf_arena_ptr(a, t->p), p, t->numel);
-            free(heap);
-        }
         if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * sizeof(float));
         if (m->mode == MF_MODE_TRAIN && !m->opt.offload_path[0]) mf_model_zero_state(m, a, t);  /* disk: the trainer */
     }

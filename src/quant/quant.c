@@ -10,6 +10,7 @@
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PAR_MIN 32768 /* values below which unpack stays on one thread */
@@ -483,4 +484,28 @@ void mf_quant_linear_backward_input(float *dinp, const float *dout, int ldd, con
                         dinp + ka, K);
         }
     }
+}
+
+int mf_quant_pack_stream(mf_quant_kind k, void *dst, int64_t n, mf_quant_fill_fn fill, void *ctx) {
+    if (n <= 0) return 0;
+    const int64_t part = MF_QUANT_STREAM_PART;
+    float *buf = malloc((size_t)(n < part ? n : part) * sizeof(float));
+    if (!buf) return mf_fail("out of memory packing a quantised tensor (%lld floats)", (long long)(n < part ? n : part));
+    float off = 0.0f;
+    if (k == MF_QUANT_NF4) {  /* the mean of every block's absmax comes first */
+        mf_quant_nf4_stats st = {0};
+        for (int64_t lo = 0; lo < n; lo += part) {
+            int64_t len = n - lo < part ? n - lo : part;
+            fill(ctx, buf, lo, len);
+            mf_quant_nf4_stats_add(&st, buf, len);
+        }
+        off = mf_quant_nf4_offset(&st);
+    }
+    for (int64_t lo = 0; lo < n; lo += part) {
+        int64_t len = n - lo < part ? n - lo : part;
+        fill(ctx, buf, lo, len);
+        mf_quant_pack_part(k, dst, buf, lo, len, off);
+    }
+    free(buf);
+    return 0;
 }

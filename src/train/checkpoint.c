@@ -21,6 +21,7 @@
 #include "memfit/train.h"
 #include "memfit/half.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -396,7 +397,8 @@ static int load_hf_folder(mf_trainer *t, const char *dir) {
 
 int mf_trainer_load_weights(mf_trainer *t, const char *path) {
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return load_hf_folder(t, path);
+    if (stat(path, &sb) != 0) return mf_fail("%s: %s", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) return load_hf_folder(t, path);
     if (t->d.arch == MF_ARCH_LLAMA)
         return mf_fail("%s: a Llama-family model loads from a Hugging Face folder (config.json + model.safetensors); "
                        "give the folder, or a memfit checkpoint with --resume", path);

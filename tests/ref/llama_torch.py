@@ -47,7 +47,17 @@ Subcommands:
   make-case  writes a complete reference case: DIR/hf (F32 HF folder),
              DIR/batch.safetensors, DIR/ref.safetensors (logits, grads, AdamW
              trajectory, final weights) and DIR/ref.json.
-  forward    forward+backward on an HF folder (or other weights) and a batch.
+  make-lora-case  the same for LoRA (PEFT semantics, dropout 0) on a frozen
+             base: DIR/hf (the base), DIR/adapter (adapter_model.safetensors
+             with base_model.model.model.layers.{i}.<module>.lora_A.weight
+             (r,in) / .lora_B.weight (out,r), adapter_config.json with
+             fan_in_fan_out false), DIR/batch.safetensors, DIR/ref.safetensors
+             (logits, loss, grad.<PEFT name> of every adapter tensor, losses of
+             the AdamW steps on the adapters, final.<PEFT name>), DIR/ref.json.
+             A and B are both non-zero (PEFT starts B at 0) so dA, dB and the
+             low-rank forward term are all tested.
+  forward    forward+backward on an HF folder (or other weights) and a batch,
+             with --adapter DIR a PEFT LoRA adapter applied.
   compare    max abs / max rel difference of the tensors two safetensors files
              have in common (exit 1 if any exceeds --tol).
   selftest   checks the attention, RoPE and llama3 frequencies against
@@ -633,6 +643,167 @@ def load_hf(d, weights=None):
 
 
 # ---------------------------------------------------------------------------
+# LoRA (PEFT semantics, written from PEFT's documented behaviour)
+# ---------------------------------------------------------------------------
+
+# PEFT's target_modules names for the Llama family, in block order (the order
+# memfit lays the adapters out in: layer by layer, then this order, A then B)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PEFT_PREFIX = "base_model.model."  # PeftModel(LlamaForCausalLM): the HF module name follows
+
+
+class LoraLinear(nn.Module):
+    """A frozen nn.Linear (with its bias, if any) plus a LoRA branch, as
+    peft.tuners.lora.Linear with fan_in_fan_out False and dropout 0:
+        y = base(x) + lora_B(lora_A(x)) * (alpha / r)
+    lora_A.weight (r, in), lora_B.weight (out, r)."""
+
+    def __init__(self, base, r, alpha):
+        super().__init__()
+        self.base = base
+        for p in self.base.parameters():
+            p.requires_grad_(False)
+        n_out, n_in = base.weight.shape  # nn.Linear: (out, in)
+        self.lora_A = nn.Linear(n_in, r, bias=False)
+        self.lora_B = nn.Linear(r, n_out, bias=False)
+        self.scaling = alpha / r
+
+    def forward(self, x):
+        return self.base(x) + self.lora_B(self.lora_A(x)) * self.scaling
+
+
+def parse_targets(s):
+    ts = [t.strip() for t in s.split(",") if t.strip()]
+    bad = [t for t in ts if t not in LORA_TARGETS]
+    if bad or not ts:
+        raise ValueError("--targets: %r are not Llama-family targets (%s)" % (bad, ",".join(LORA_TARGETS)))
+    return [t for t in LORA_TARGETS if t in ts]  # block order
+
+
+def apply_lora(model, targets, r, alpha):
+    """Wraps every nn.Linear of a block whose name ends with "." + target;
+    freezes everything else. Returns [(HF module name, LoraLinear)] in
+    memfit's (and PEFT's state_dict) order."""
+    wrapped = []
+    for name, mod in list(model.named_modules()):
+        if not isinstance(mod, nn.Linear) or not name.startswith("model.layers."):
+            continue
+        if name.rsplit(".", 1)[1] not in targets:
+            continue
+        parent = model.get_submodule(name.rsplit(".", 1)[0])
+        lm = LoraLinear(mod, r, alpha)
+        setattr(parent, name.rsplit(".", 1)[1], lm)
+        wrapped.append((name, lm))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for _, lm in wrapped:
+        lm.lora_A.weight.requires_grad_(True)
+        lm.lora_B.weight.requires_grad_(True)
+    return wrapped
+
+
+def lora_params(wrapped):
+    """[(PEFT name, parameter)]: lora_A then lora_B of each wrapped module."""
+    out = []
+    for name, lm in wrapped:
+        out.append((PEFT_PREFIX + name + ".lora_A.weight", lm.lora_A.weight))
+        out.append((PEFT_PREFIX + name + ".lora_B.weight", lm.lora_B.weight))
+    return out
+
+
+def init_lora(wrapped, seed, b_std):
+    """Deterministic, both halves non-zero (PEFT's init has B = 0, which
+    would make dA and the low-rank forward term vanish): A ~ U(-1/sqrt(in),
+    1/sqrt(in)) (PEFT's kaiming_uniform(a=sqrt(5)) bound), B ~ N(0, b_std),
+    from their own generator so the base weights are make-case's."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, lm in wrapped:
+            a = lm.lora_A.weight
+            bound = 1.0 / math.sqrt(a.shape[1])
+            a.copy_((torch.rand(a.shape, generator=g) * 2 - 1) * bound)
+            b = lm.lora_B.weight
+            b.copy_(torch.randn(b.shape, generator=g) * b_std)
+
+
+def save_adapter(out, wrapped, r, alpha, targets, base_name=""):
+    """PEFT's layout, as memfit's --save_adapter writes it."""
+    os.makedirs(out, exist_ok=True)
+    save_safetensors(os.path.join(out, "adapter_model.safetensors"),
+                     {n: p.detach().float() for n, p in lora_params(wrapped)}, {"format": "pt"})
+    cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_name,
+           "r": r, "lora_alpha": alpha, "lora_dropout": 0.0,
+           "target_modules": [t for t in LORA_TARGETS if t in targets],
+           "fan_in_fan_out": False, "bias": "none", "inference_mode": True, "init_lora_weights": True,
+           "modules_to_save": None, "use_rslora": False, "use_dora": False}
+    with open(os.path.join(out, "adapter_config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+
+
+def load_adapter(model, d):
+    """Applies DIR (adapter_config.json + adapter_model.safetensors) the way
+    PEFT does; every tensor in the file must land on a module."""
+    with open(os.path.join(d, "adapter_config.json")) as f:
+        c = json.load(f)
+    if c.get("peft_type") != "LORA":
+        raise ValueError("%s: peft_type %r is not LORA" % (d, c.get("peft_type")))
+    if c.get("fan_in_fan_out"):
+        raise ValueError("%s: fan_in_fan_out must be false for nn.Linear" % d)
+    if c.get("lora_dropout", 0.0):
+        print("note: lora_dropout %g ignored (eval forward)" % c["lora_dropout"], file=sys.stderr)
+    wrapped = apply_lora(model, parse_targets(",".join(c["target_modules"])), int(c["r"]), float(c["lora_alpha"]))
+    sd, _ = load_safetensors(os.path.join(d, "adapter_model.safetensors"))
+    params = lora_params(wrapped)
+    missing = [n for n, _ in params if n not in sd]
+    extra = sorted(set(sd) - {n for n, _ in params})
+    if missing or extra:
+        raise ValueError("%s: adapter tensors missing %s, unexpected %s" % (d, missing, extra))
+    with torch.no_grad():
+        for n, p in params:
+            if tuple(sd[n].shape) != tuple(p.shape):
+                raise ValueError("%s: expected %s, got %s" % (n, list(p.shape), list(sd[n].shape)))
+            p.copy_(sd[n].float())
+    return wrapped
+
+
+def lora_forward_backward(model, wrapped, inputs, targets):
+    """(logits (B*T,V), loss, {"grad.<PEFT name>": grad}) at the current adapters."""
+    params = lora_params(wrapped)
+    for _, p in params:
+        p.grad = None
+    logits, loss = model(inputs, targets)
+    loss.backward()
+    grads = {"grad." + n: p.grad.detach().clone() for n, p in params}
+    for _, p in params:
+        p.grad = None
+    return logits.detach().reshape(-1, logits.shape[-1]), loss.item(), grads
+
+
+def lora_train_step(model, opt, params, inputs, targets, clip):
+    _, loss = model(inputs, targets)
+    loss.backward()
+    if clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def merged_logits(model, wrapped, inputs):
+    """Logits with every adapter folded into its base (W += scaling * B @ A),
+    on a copy: the check that the branch is the low-rank update it claims."""
+    import copy
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, _ in wrapped:
+            lm = m.get_submodule(name)
+            lm.base.weight += (lm.lora_B.weight @ lm.lora_A.weight) * lm.scaling
+            lm.lora_B.weight.zero_()
+        return m(inputs)[0].reshape(-1, m.cfg.vocab)
+
+
+# ---------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------
 
@@ -706,10 +877,75 @@ def cmd_make_case(a):
     print("wrote %s: %s loss %.6f -> %.6f after %d steps" % (a.out, cfg.arch, loss, final_loss, a.steps))
 
 
+def cmd_make_lora_case(a):
+    set_deterministic(1)
+    cfg = cfg_from_args(a)
+    targets = parse_targets(a.targets)
+    torch.manual_seed(a.seed)
+    model = Llama(cfg)
+    model.init_weights(a.norm_jitter)
+    seq = torch.randint(0, cfg.vocab, (a.batch * a.seq + 1,), dtype=torch.int32)
+    inputs = seq[:-1].reshape(a.batch, a.seq).contiguous()
+    targets_ids = seq[1:].reshape(a.batch, a.seq).contiguous()
+
+    os.makedirs(a.out, exist_ok=True)
+    save_hf(model, os.path.join(a.out, "hf"), "F32", a.shards)  # the base, before wrapping
+    save_safetensors(os.path.join(a.out, "batch.safetensors"), {"inputs": inputs, "targets": targets_ids})
+
+    wrapped = apply_lora(model, targets, a.r, a.alpha)
+    init_lora(wrapped, a.lora_seed, a.b_std)
+    save_adapter(os.path.join(a.out, "adapter"), wrapped, a.r, a.alpha, targets, "hf")
+    params = lora_params(wrapped)
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+
+    logits, loss, grads = lora_forward_backward(model, wrapped, inputs, targets_ids)
+    ml = merged_logits(model, wrapped, inputs)
+    merge_err = (ml - logits).abs().max().item()
+    if merge_err > 1e-4:
+        raise ValueError("self-check: merged logits differ from the adapter branch's by %g" % merge_err)
+
+    # AdamW on the adapters only; memfit decays 2-D tensors (decay_on 2d),
+    # and every lora_A / lora_B is 2-D
+    opt = torch.optim.AdamW([p for _, p in params], lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
+                            weight_decay=a.wd, foreach=False)
+    plist = [p for _, p in params]
+    losses = [lora_train_step(model, opt, plist, inputs, targets_ids, a.clip) for _ in range(a.steps)]
+    with torch.no_grad():
+        _, final_loss = model(inputs, targets_ids)
+    final_loss = final_loss.item()
+    for n, p in model.named_parameters():
+        if n in base_before and not torch.equal(p, base_before[n]):
+            raise ValueError("self-check: frozen %s changed" % n)
+
+    ref = {"logits": logits, "loss": torch.tensor([loss], dtype=torch.float32),
+           "losses": torch.tensor(losses, dtype=torch.float32)}
+    ref.update(grads)
+    ref.update({"final." + n: p.detach().clone() for n, p in params})
+    meta = {"loss": repr(loss), "losses": json.dumps(losses), "final_loss": repr(final_loss),
+            "merge_err": repr(merge_err)}
+    save_safetensors(os.path.join(a.out, "ref.safetensors"), ref, meta)
+    config = {k: v for k, v in vars(a).items() if k not in ("func", "out", "cmd")}
+    info = {
+        "loss": loss, "losses": losses, "final_loss": final_loss, "config": config,
+        "hf_config": cfg.to_hf(), "adapters": [n for n, _ in params], "merge_err": merge_err,
+        "torch_version": torch.__version__,
+        "notes": "PEFT LoRA, dropout 0: y = base(x) + lora_B(lora_A(x)) * alpha/r on the targets, base "
+                 "frozen. losses[i] = loss before update i; each step: mean CE, backward, "
+                 "clip_grad_norm_ over the adapters if clip>0, torch AdamW over the adapters only with "
+                 "weight decay wd on all of them (all 2-D), constant LR.",
+    }
+    with open(os.path.join(a.out, "ref.json"), "w") as f:
+        json.dump(info, f, indent=1)
+        f.write("\n")
+    print("wrote %s: %s lora r=%d alpha=%g targets=%s (%d adapter tensors) loss %.6f -> %.6f after %d steps"
+          % (a.out, cfg.arch, a.r, a.alpha, ",".join(targets), len(params), loss, final_loss, a.steps))
+
+
 def cmd_forward(a):
     set_deterministic(1)
     model = load_hf(a.hf, a.weights)
     cfg = model.cfg
+    wrapped = load_adapter(model, a.adapter) if a.adapter else None
     batch, _ = load_safetensors(a.batch)
     inputs, targets = batch["inputs"], batch["targets"]
     for nm, t in (("inputs", inputs), ("targets", targets)):
@@ -717,7 +953,10 @@ def cmd_forward(a):
             raise ValueError("%s must be (B,T) like inputs, got %s" % (nm, list(t.shape)))
         if t.numel() and (int(t.min()) < 0 or int(t.max()) >= cfg.vocab):
             raise ValueError("%s has ids outside [0,%d)" % (nm, cfg.vocab))
-    logits, loss, grads = forward_backward(model, inputs, targets)
+    if wrapped is not None:
+        logits, loss, grads = lora_forward_backward(model, wrapped, inputs, targets)
+    else:
+        logits, loss, grads = forward_backward(model, inputs, targets)
     out = {"logits": logits, "loss": torch.tensor([loss], dtype=torch.float32)}
     out.update(grads)
     save_safetensors(a.out, out, {"loss": repr(loss)})
@@ -909,10 +1148,32 @@ def main(argv=None):
     m.add_argument("--clip", type=float, default=1.0)
     m.set_defaults(func=cmd_make_case)
 
+    lc = sub.add_parser("make-lora-case", help="write a LoRA reference case directory")
+    lc.add_argument("--out", required=True)
+    add_model_args(lc)
+    lc.add_argument("--seq", type=int, default=24)
+    lc.add_argument("--batch", type=int, default=2)
+    lc.add_argument("--steps", type=int, default=10)
+    lc.add_argument("--lr", type=float, default=1e-3)
+    lc.add_argument("--beta1", type=float, default=0.9)
+    lc.add_argument("--beta2", type=float, default=0.95)
+    lc.add_argument("--eps", type=float, default=1e-8, help="AdamW eps")
+    lc.add_argument("--wd", type=float, default=0.1)
+    lc.add_argument("--clip", type=float, default=1.0)
+    lc.add_argument("--r", type=int, default=4)
+    lc.add_argument("--alpha", type=float, default=8.0)
+    lc.add_argument("--targets", default="q_proj,v_proj",
+                    help="comma-separated PEFT target_modules (PEFT's Llama default q_proj,v_proj)")
+    lc.add_argument("--lora_seed", type=int, default=1234, help="seed of the adapters' A and B")
+    lc.add_argument("--b_std", type=float, default=0.05, help="lora_B ~ N(0, b_std) (PEFT would start at 0)")
+    lc.set_defaults(func=cmd_make_lora_case)
+
     f = sub.add_parser("forward", help="forward+backward on an HF folder and a batch")
     f.add_argument("--hf", required=True, help="HF folder (config.json + weights)")
     f.add_argument("--weights", default=None,
                    help="a safetensors file of HF-named weights to use instead of the folder's")
+    f.add_argument("--adapter", default=None,
+                   help="a PEFT LoRA adapter folder to apply (grads are then the adapters': grad.<PEFT name>)")
     f.add_argument("--batch", required=True)
     f.add_argument("--out", required=True)
     f.set_defaults(func=cmd_forward)
