@@ -53,6 +53,19 @@ int mf_tokenizer_vocab(const mf_tokenizer *t);
 uint64_t mf_tokenizer_hash(const mf_tokenizer *t);
 #define MF_GPT2_HASH 0x67707432656e6331ull /* "gpt2enc1": GPT-2's encoder.json + vocab.bpe */
 
+/* A tokenizer as the config names it (spec): "bytes", "gpt2", or the path
+ * of a Hugging Face tokenizer.json (anything else). */
+int mf_tokenizer_spec_is_json(const char *spec);
+/* The vocab size and hash (mf_tokenizer_hash) of the tokenizer spec names,
+ * without keeping it: bytes and gpt2 are constants; a tokenizer.json is
+ * loaded once per process and path (the answers are remembered), so the
+ * model's shape can be checked against it as often as the planner asks.
+ * Returns 0, or -1 (the file cannot be loaded; mf_error names it). */
+int mf_tokenizer_spec_info(const char *spec, int *vocab, uint64_t *hash);
+/* Names a token file's tokenizer in messages: "the bytes tokenizer", "the
+ * gpt2 tokenizer", or "a tokenizer.json (hash 0x...)". */
+const char *mf_tokenizer_describe(mf_tok_kind kind, uint64_t hash, char *buf, size_t n);
+
 /* Encodes `n` bytes of UTF-8 text. Calls emit(id, ctx) for each id in order.
  * "<|endoftext|>" in the text maps to 50256 for gpt2 (as the reference does
  * with allowed_special="all"); a tokenizer.json's added tokens are matched

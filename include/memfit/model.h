@@ -47,14 +47,14 @@ typedef struct {
     double rope_theta;
     mf_rope_scaling rope; /* rope_scaling (type MF_ROPE_NONE: none) */
     char hf_arch[32];     /* HF architectures[0] written into config.json */
-    char tokenizer[8];
+    char tokenizer[MF_PATH_MAX]; /* the run's tokenizer: gpt2, bytes, or a tokenizer.json's path */
 } mf_dims;
 
 typedef struct {
     const char *name;
     mf_dims d;            /* tokenizer and Vp are filled by mf_model_dims */
-    const char *tokenizer;  /* "gpt2" or "bytes" (a Llama preset whose vocabulary is smaller than
-                             * GPT-2's takes bytes until its own tokenizer.json can be read) */
+    const char *tokenizer;  /* default tokenizer, "gpt2" or "bytes" (any model takes --tokenizer
+                             * PATH/tokenizer.json; --init DIR takes DIR/tokenizer.json) */
     const char *note;
 } mf_preset;
 

@@ -52,8 +52,9 @@ unsigned mf_blas_warm_shapes(const mf_config *cfg);
  * kernels exist before the baseline is read. */
 void mf_blas_warmup(const mf_dims *d, int rows, unsigned shapes);
 
-/* The tokenizer named by kind ("gpt2" or "bytes"); GPT-2 files come from
- * dir, or $MEMFIT_CACHE/gpt2 when dir is empty. NULL on error. */
+/* The tokenizer named by kind: "gpt2", "bytes", or a tokenizer.json's
+ * path; GPT-2 files come from dir, or $MEMFIT_CACHE/gpt2 when dir is
+ * empty. NULL on error. */
 mf_tokenizer *mf_tokenizer_open(const char *kind, const char *dir);
 
 /* Tokenizes a text file into a token file (atomic write). */
@@ -75,7 +76,8 @@ typedef struct {
     mf_model model;
     mf_ledger ledger;
     mf_arena arena;
-    mf_tokenizer *tok;
+    mf_tokenizer *tok;    /* loaded when sampling or tokenizing a named corpus */
+    uint64_t tok_hash;    /* the run's tokenizer (d.tokenizer) hash: token files must record it */
     mf_tokfile train_file, val_file;
     int own_val_file;
     uint64_t train_lo, train_hi, val_lo, val_hi; /* id ranges [lo, hi) */

@@ -120,6 +120,28 @@ static void env_setup(int argc, char **argv) {
 
 /* ---- commands ---------------------------------------------------------- */
 
+/* Copies the tokenizer.json at src to dir/tokenizer.json (temp file and
+ * rename), unless it is that file already. */
+static int copy_tokenizer(const char *src, const char *dir) {
+    char dst[MF_PATH_MAX + 32], tmp[MF_PATH_MAX + 64];
+    snprintf(dst, sizeof dst, "%s/tokenizer.json", dir);
+    struct stat a, b;
+    if (stat(src, &a) == 0 && stat(dst, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return 0;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid());
+    FILE *in = fopen(src, "rb"), *out = in ? fopen(tmp, "wb") : NULL;
+    int ok = in && out;
+    char buf[1 << 16];
+    size_t n;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
+    if (in && ferror(in)) ok = 0;
+    if (in) fclose(in);
+    if (out && fclose(out) != 0) ok = 0;
+    if (ok && rename(tmp, dst) == 0) return 0;
+    int e = errno;
+    if (out) unlink(tmp);
+    return mf_fail("cannot copy the tokenizer %s to %s: %s", src, dst, strerror(e));
+}
+
 static int parse(mf_config *cfg, int argc, char **argv, char **pos, int *npos) {
     mf_config_defaults(cfg);
     int n = mf_config_parse_args(cfg, argc, argv, pos, MAX_POS);
@@ -149,8 +171,10 @@ static int mkdir_p(const char *dir) {
 
 static void usage_train(FILE *f) {
     fprintf(f, "usage: memfit train [--config FILE.yaml] [--key=value ...]\n"
-               "  Trains a GPT-2 model inside its memory plan and ends with the memory report.\n"
+               "  Trains a GPT-2 or Llama-family model inside its memory plan and ends with the memory report.\n"
                "  Shorthand: --model PRESET --batch B --seq T --steps N --budget SIZE.\n"
+               "  --tokenizer gpt2|bytes|PATH/tokenizer.json with any model whose vocab_size holds its ids\n"
+               "  (--init DIR: DIR/tokenizer.json by default); --data must be tokenized with that tokenizer.\n"
                "  --trace FILE.json writes phases, steps and memory by category (ui.perfetto.dev);\n"
                "  --report DIR writes DIR/report.html (and DIR/metrics.jsonl unless --metrics is given).\n"
                "  Under mpirun -np N: data parallel over N ranks, --batch split over them, --zero 0-3 shards state.\n"
@@ -334,9 +358,13 @@ static int cmd_train(int argc, char **argv, int profile) {
         if (!bad && t.d.arch == MF_ARCH_LLAMA && t.rank == 0) {
             snprintf(hfc, sizeof hfc, "%s/config.json", cfg.out_dir);
             bad = mf_hf_write_config(hfc, &t.d);
+            /* with its tokenizer.json, so --init OUT_DIR finds it */
+            if (!bad && mf_tokenizer_spec_is_json(t.d.tokenizer)) bad = copy_tokenizer(t.d.tokenizer, cfg.out_dir);
         }
         mf_observer_region(&obs, "save weights", "io", r0);
         if (bad) rc = die(mf_error());
+        else if (hfc[0] && mf_tokenizer_spec_is_json(t.d.tokenizer))
+            printf("wrote %s, %s, %s and %s/tokenizer.json\n", ckpt, model, hfc, cfg.out_dir);
         else if (hfc[0]) printf("wrote %s, %s and %s\n", ckpt, model, hfc);
         else printf("wrote %s and %s\n", ckpt, model);
     }
@@ -532,10 +560,12 @@ static int cmd_plan(int argc, char **argv) {
 
 static int cmd_infer(int argc, char **argv, int sample) {
     if (wants_help(argc, argv)) {
-        if (sample) printf("usage: memfit sample --init MODEL.safetensors [--model PRESET] [--prompt TEXT] [--sample_tokens N]\n"
-                           "       [--temperature X] [--top_k K] [--seed S]\n  Generates text from trained weights.\n\n");
-        else printf("usage: memfit eval --init MODEL.safetensors [--model PRESET] [--data FILE.tok | --val_data FILE.tok]\n"
-                    "  Prints the mean loss over the validation batches.\n\n");
+        if (sample) printf("usage: memfit sample --init MODEL.safetensors|HF_DIR [--model PRESET] [--prompt TEXT] [--sample_tokens N]\n"
+                           "       [--temperature X] [--top_k K] [--seed S] [--tokenizer gpt2|bytes|PATH/tokenizer.json]\n"
+                           "  Generates text from trained weights, decoded with the tokenizer (HF_DIR/tokenizer.json by default).\n\n");
+        else printf("usage: memfit eval --init MODEL.safetensors|HF_DIR [--model PRESET] [--data FILE.tok | --val_data FILE.tok]\n"
+                    "       [--tokenizer gpt2|bytes|PATH/tokenizer.json]\n"
+                    "  Prints the mean loss over the validation batches (token files of the run's tokenizer).\n\n");
         mf_config_print_help(stdout);
         return 0;
     }
@@ -567,11 +597,6 @@ static void print_id(int32_t id, void *ctx) {
     int *first = ctx;
     printf(*first ? "%d" : " %d", id);
     *first = 0;
-}
-
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
 /* "--decode IDS": ids separated by commas and/or white space. */
@@ -606,7 +631,7 @@ static int parse_ids(const char *s, int32_t **out, size_t *n) {
 
 static int cmd_tokenize(int argc, char **argv) {
     int encode = 0, decode = 0;
-    const char *text = NULL, *ids_arg = NULL, *json = NULL;
+    const char *text = NULL, *ids_arg = NULL;
     char *args[256];
     int n = 0;
     for (int i = 0; i < argc && n < 255; i++) {
@@ -623,10 +648,6 @@ static int cmd_tokenize(int argc, char **argv) {
         } else if (strncmp(argv[i], "--decode=", 9) == 0) {
             decode = 1;
             ids_arg = argv[i] + 9;
-        } else if (strcmp(argv[i], "--tokenizer") == 0 && i + 1 < argc && ends_with(argv[i + 1], ".json")) {
-            json = argv[++i]; /* a Hugging Face tokenizer.json (config's tokenizer key names kinds only) */
-        } else if (strncmp(argv[i], "--tokenizer=", 12) == 0 && ends_with(argv[i], ".json")) {
-            json = argv[i] + 12;
         } else {
             args[n++] = argv[i];
         }
@@ -636,7 +657,9 @@ static int cmd_tokenize(int argc, char **argv) {
                "       memfit tokenize --encode [TEXT] [--tokenizer ...]   (prints ids; no TEXT: reads stdin)\n"
                "       memfit tokenize --decode IDS [--tokenizer ...]      (ids separated by commas/spaces -> text)\n"
                "  The GPT-2 files come from tokenizer_dir (default $MEMFIT_CACHE/gpt2). A tokenizer.json\n"
-               "  (Hugging Face BPE: Llama 3, Qwen, Llama 2, ...) encodes without adding BOS/EOS.\n");
+               "  (Hugging Face BPE: Llama 3, Qwen, Llama 2, ...) encodes without adding BOS/EOS.\n"
+               "  OUTPUT.tok records the tokenizer (its hash) and holds u32 ids when its vocabulary exceeds\n"
+               "  65536 (docs/formats.md); train and eval take it only with the same --tokenizer.\n");
         return 0;
     }
     if (encode && decode) return die("tokenize takes --encode or --decode, not both");
@@ -650,8 +673,7 @@ static int cmd_tokenize(int argc, char **argv) {
                        : "tokenize needs INPUT.txt and OUTPUT.tok (see memfit tokenize --help)");
         return die(mf_error());
     }
-    mf_tokenizer *tok = json ? mf_tokenizer_hf(json)
-                             : mf_tokenizer_open(cfg.tokenizer[0] ? cfg.tokenizer : "gpt2", cfg.tokenizer_dir);
+    mf_tokenizer *tok = mf_tokenizer_open(cfg.tokenizer[0] ? cfg.tokenizer : "gpt2", cfg.tokenizer_dir);
     if (!tok) return die(mf_error());
     int rc = 0;
     if (decode) {

@@ -38,8 +38,8 @@ static const key_row keys[] = {
     {"n_kv_head", T_INT, F(n_kv_head), 0, "0", 0, 1024, "Llama family: key/value heads, must divide n_head (0 = preset's)"},
     {"intermediate_size", T_INT, F(intermediate_size), 0, "0", 0, 1 << 20, "Llama family: SwiGLU MLP width (0 = preset's)"},
     {"block_size", T_INT, F(block_size), 0, "0", 0, 1 << 20, "maximum sequence length, rows of wpe (0 = preset's)"},
-    {"vocab_size", T_INT, F(vocab_size), 0, "0", 0, 1 << 24, "vocabulary (0 = the tokenizer's)"},
-    {"tokenizer", T_STR, S(tokenizer), "", 0, 0, "gpt2 or bytes (empty = preset's)"},
+    {"vocab_size", T_INT, F(vocab_size), 0, "0", 0, 1 << 24, "vocabulary, the embedding's rows; at least the tokenizer's (0 = the preset's or config.json's; a GPT-2 preset given --tokenizer takes the tokenizer's)"},
+    {"tokenizer", T_STR, S(tokenizer), "", 0, 0, "gpt2, bytes, or PATH/tokenizer.json (a Hugging Face BPE tokenizer: Llama 3, Qwen, Llama 2, ...); any architecture takes any of them (empty = with --init DIR, DIR/tokenizer.json if present, else the preset's)"},
     {"batch", T_INT, F(batch), 0, "8", 1, 1 << 20, "micro-batch size B (sequences per forward/backward; under mpirun the global micro-batch, split evenly over the ranks)"},
     {"seq", T_INT, F(seq), 0, "0", 0, 1 << 20, "sequence length T (0 = block_size)"},
     {"grad_accum", T_INT, F(grad_accum), 0, "1", 1, 1 << 20, "micro-batches per optimizer step (effective batch = batch x grad_accum)"},
@@ -183,7 +183,6 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
     const key_row *r = find_key(key, &idx);
     if (!r) return mf_fail("unknown config key '%s' (memfit train --help lists them)", key);
     if (apply(c, r, value)) return -1;
-    static const char *const tok[] = {"", "gpt2", "bytes", NULL};
     static const char *const decay[] = {"2d", "all", "none", NULL};
     static const char *const opt[] = {"adamw", "adamw8bit", "adafactor", "sgd", NULL};
     if (strcmp(r->key, "recompute") == 0) {
@@ -191,7 +190,11 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
         mf_recompute rc;
         if (mf_recompute_parse(value, &rc)) return mf_fail("config key 'recompute': %s", mf_error());
     }
-    if (strcmp(r->key, "tokenizer") == 0 && check_enum(r->key, value, tok)) return -1;
+    if (strcmp(r->key, "tokenizer") == 0 && value[0] && strcmp(value, "gpt2") != 0 && strcmp(value, "bytes") != 0) {
+        size_t n = strlen(value);
+        if (n < 5 || strcmp(value + n - 5, ".json") != 0)
+            return mf_fail("config key 'tokenizer': '%s' is not gpt2, bytes or a path to a tokenizer.json", value);
+    }
     if (strcmp(r->key, "decay_on") == 0 && check_enum(r->key, value, decay)) return -1;
     if (strcmp(r->key, "optimizer") == 0 && check_enum(r->key, value, opt)) return -1;
     static const char *const prec[] = {"fp32", "bf16", "fp16", NULL};

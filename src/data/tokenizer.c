@@ -100,6 +100,39 @@ mf_tokenizer *mf_tokenizer_hf(const char *tokenizer_json) {
     return t;
 }
 
+int mf_tokenizer_spec_is_json(const char *spec) { return strcmp(spec, "bytes") != 0 && strcmp(spec, "gpt2") != 0; }
+
+int mf_tokenizer_spec_info(const char *spec, int *vocab, uint64_t *hash) {
+    /* the last tokenizer.json asked for: mf_model_dims runs once per plan
+     * the planner tries, and loading Llama 3's takes a fifth of a second */
+    static char memo_path[4096];
+    static int memo_vocab;
+    static uint64_t memo_hash;
+    int v = 256;
+    uint64_t h = 0;
+    if (strcmp(spec, "gpt2") == 0) v = MF_GPT2_VOCAB, h = MF_GPT2_HASH;
+    else if (mf_tokenizer_spec_is_json(spec)) {
+        if (!memo_path[0] || strcmp(memo_path, spec) != 0) {
+            mf_tokenizer *t = mf_tokenizer_hf(spec);
+            if (!t) return -1;
+            memo_vocab = t->vocab;
+            memo_hash = mf_tokenizer_hash(t);
+            mf_tokenizer_free(t);
+            snprintf(memo_path, sizeof memo_path, "%s", strlen(spec) < sizeof memo_path ? spec : "");
+        }
+        v = memo_vocab, h = memo_hash;
+    }
+    if (vocab) *vocab = v;
+    if (hash) *hash = h;
+    return 0;
+}
+
+const char *mf_tokenizer_describe(mf_tok_kind kind, uint64_t hash, char *buf, size_t n) {
+    if (kind == MF_TOK_HF) snprintf(buf, n, "a tokenizer.json (hash 0x%016llx)", (unsigned long long)hash);
+    else snprintf(buf, n, "the %s tokenizer", kind == MF_TOK_GPT2 ? "gpt2" : "bytes");
+    return buf;
+}
+
 uint64_t mf_tokenizer_hash(const mf_tokenizer *t) {
     return t->kind == MF_TOK_HF ? mf_hftok_hash(t->hf) : t->kind == MF_TOK_GPT2 ? MF_GPT2_HASH : 0;
 }

@@ -4,6 +4,7 @@
  * attention FLOPs). One place for each formula: the planner's time model,
  * the profile and the report read them from here. */
 #include "memfit/model.h"
+#include "memfit/data.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,7 +63,6 @@ int mf_model_dims_check(mf_dims *d) {
     if (d->arch == MF_ARCH_GPT2) {
         if (d->C % d->NH) return mf_fail("n_head %d does not divide n_embd %d", d->NH, d->C);
         d->NKV = d->NH, d->hd = d->C / d->NH, d->ffn = 4 * d->C, d->tied = 1, d->qkv_bias = 0, d->window = 0;
-        if (d->V > 65535 + 1) return mf_fail("vocab_size %d too large: token files hold 16-bit ids", d->V);
     } else {
         if (d->NKV < 1 || d->hd < 1 || d->ffn < 1)
             return mf_fail("model dimensions must be positive (num_key_value_heads %d, head_dim %d, intermediate_size %d)",
@@ -88,10 +88,15 @@ int mf_model_dims(const mf_config *cfg, mf_dims *d) {
     const mf_preset *ps = mf_model_presets(&np), *p = NULL;
     memset(d, 0, sizeof *d);
     const char *tokdef = NULL;
+    char hftok[MF_PATH_MAX + 16];
     if (is_dir(cfg->init)) {
-        /* a Hugging Face folder: its config.json is the shape */
+        /* a Hugging Face folder: its config.json is the shape, its
+         * tokenizer.json (when it has one) the tokenizer */
         if (mf_hf_read_config(cfg->init, d)) return -1;
-        tokdef = d->V >= 50257 ? "gpt2" : "bytes";
+        struct stat st;
+        snprintf(hftok, sizeof hftok, "%s/tokenizer.json", cfg->init);
+        if (stat(hftok, &st) == 0 && S_ISREG(st.st_mode)) tokdef = hftok;
+        else tokdef = d->V >= 50257 ? "gpt2" : "bytes";
     } else {
         for (int i = 0; i < np; i++) if (strcmp(ps[i].name, cfg->model) == 0) p = &ps[i];
         if (!p) {
@@ -116,15 +121,25 @@ int mf_model_dims(const mf_config *cfg, mf_dims *d) {
         d->hd = d->C / d->NH;
     }
     if (cfg->block_size) d->maxT = cfg->block_size;
-    snprintf(d->tokenizer, sizeof d->tokenizer, "%s", cfg->tokenizer[0] ? cfg->tokenizer : tokdef);
-    int tokv = strcmp(d->tokenizer, "bytes") == 0 ? 256 : 50257;
+    if (snprintf(d->tokenizer, sizeof d->tokenizer, "%s", cfg->tokenizer[0] ? cfg->tokenizer : tokdef) >=
+        (int)sizeof d->tokenizer)
+        return mf_fail("tokenizer path %s/tokenizer.json is too long", cfg->init);
+    /* architecture and tokenizer are independent: any model takes any
+     * tokenizer whose ids fit its embedding */
+    int tokv;
+    if (mf_tokenizer_spec_info(d->tokenizer, &tokv, NULL)) return -1;
     /* GPT-2: a tokenizer change without an explicit vocabulary takes the
      * tokenizer's; a Llama's vocabulary is its embedding's, whatever
-     * tokenizer feeds it */
+     * tokenizer feeds it (it may have more rows than the tokenizer has
+     * ids, as Qwen2.5's does) */
     if (cfg->vocab_size) d->V = cfg->vocab_size;
     else if (d->arch == MF_ARCH_GPT2 && cfg->tokenizer[0]) d->V = tokv;
     if (mf_model_dims_check(d)) return -1;
-    if (d->V < tokv) return mf_fail("vocab_size %d is smaller than the %s tokenizer's %d", d->V, d->tokenizer, tokv);
+    if (d->V < tokv)
+        return mf_fail("the model's vocabulary (%d rows%s) is smaller than the tokenizer's %d ids (%s): give "
+                       "--vocab_size %d or more, or another tokenizer", d->V,
+                       cfg->vocab_size ? ", vocab_size" : is_dir(cfg->init) ? ", config.json" : ", the preset's",
+                       tokv, d->tokenizer, tokv);
     return 0;
 }
 

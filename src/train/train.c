@@ -182,8 +182,7 @@ static int file_exists(const char *p) { struct stat st; return stat(p, &st) == 0
 
 mf_tokenizer *mf_tokenizer_open(const char *kind, const char *dir) {
     if (strcmp(kind, "bytes") == 0) return mf_tokenizer_bytes();
-    size_t kl = strlen(kind);
-    if (kl > 5 && strcmp(kind + kl - 5, ".json") == 0) return mf_tokenizer_hf(kind);
+    if (mf_tokenizer_spec_is_json(kind)) return mf_tokenizer_hf(kind);
     char d[MF_PATH_MAX], enc[MF_PATH_MAX + 32], bpe[MF_PATH_MAX + 32], cache[MF_PATH_MAX];
     if (dir && dir[0]) snprintf(d, sizeof d, "%s", dir);
     else snprintf(d, sizeof d, "%s/gpt2", mf_cache_dir(cache, sizeof cache));
@@ -243,15 +242,38 @@ int mf_tokenize_file(const mf_tokenizer *tok, const char *text_path, const char 
  * the cache (scripts/fetch_data.sh), tokenized once into NAME.<tokenizer>.tok
  * beside it. Returns NULL (not a name) or the token file's path. */
 static int named_corpus(mf_trainer *t, const char *name, char *path, size_t n) {
-    char cache[MF_PATH_MAX], txt[MF_PATH_MAX + 32];
+    char cache[MF_PATH_MAX], txt[MF_PATH_MAX + 32], tag[32];
     const char *fetch = strcmp(name, "sotu") == 0 ? "scripts/fetch_data.sh --sotu" : "scripts/fetch_data.sh";
     mf_cache_dir(cache, sizeof cache);
     snprintf(txt, sizeof txt, "%s/%s.txt", cache, name);
-    snprintf(path, n, "%s/%s.%s.tok", cache, name, t->d.tokenizer);
+    /* a tokenizer.json's files are named by its hash: NAME.tokjson-<hash>.tok */
+    if (mf_tokenizer_spec_is_json(t->d.tokenizer))
+        snprintf(tag, sizeof tag, "tokjson-%016llx", (unsigned long long)t->tok_hash);
+    else snprintf(tag, sizeof tag, "%s", t->d.tokenizer);
+    snprintf(path, n, "%s/%s.%s.tok", cache, name, tag);
     if (file_exists(path)) return 0;
     if (!file_exists(txt)) return mf_fail("no training data: %s is missing (run %s, or give --data FILE.tok)", txt, fetch);
     if (!t->tok && !(t->tok = mf_tokenizer_open(t->d.tokenizer, t->cfg.tokenizer_dir))) return -1;
     return mf_tokenize_file(t->tok, txt, path);
+}
+
+/* A token file must come from the run's tokenizer (the hash it records:
+ * constants for bytes and gpt2, the file's FNV-1a for a tokenizer.json) and
+ * its ids must fit the model's embedding. mf_tokfile_open has checked every
+ * id against the file's vocab. */
+static int check_tokfile(const mf_trainer *t, const mf_tokfile *f, const char *path) {
+    if (f->tok_hash != t->tok_hash || (f->kind == MF_TOK_HF) != mf_tokenizer_spec_is_json(t->d.tokenizer)) {
+        char a[64], b[48] = "";
+        mf_tokenizer_describe(f->kind, f->tok_hash, a, sizeof a);
+        if (mf_tokenizer_spec_is_json(t->d.tokenizer))
+            snprintf(b, sizeof b, " (hash 0x%016llx)", (unsigned long long)t->tok_hash);
+        return mf_fail("token file %s was made with %s, but this run's tokenizer is %s%s: give the file's tokenizer "
+                       "with --tokenizer, or tokenize the text again (memfit tokenize --tokenizer %s)", path, a,
+                       t->d.tokenizer, b, t->d.tokenizer);
+    }
+    if (f->vocab > (uint32_t)t->d.V)
+        return mf_fail("token file %s has vocabulary %u, larger than the model's %d", path, f->vocab, t->d.V);
+    return 0;
 }
 
 static int is_corpus_name(const char *s) { return !s[0] || strcmp(s, "moby-dick") == 0 || strcmp(s, "sotu") == 0; }
@@ -269,21 +291,12 @@ static int open_data(mf_trainer *t) {
         if (named_corpus(t, t->cfg.val_data, vpath, sizeof vpath)) return -1;
         snprintf(t->cfg.val_data, sizeof t->cfg.val_data, "%s", vpath);
     }
-    if (mf_tokfile_open(&t->train_file, data)) return -1;
-    if (t->train_file.kind == MF_TOK_HF || !t->train_file.ids)
-        return mf_fail("token file %s was made with a tokenizer.json; training on such files is not supported yet "
-                       "(the models use the gpt2 or bytes tokenizer)", data);
-    const char *kinds[] = {"bytes", "gpt2"};
-    if (strcmp(kinds[t->train_file.kind == MF_TOK_GPT2], t->d.tokenizer) != 0)
-        return mf_fail("token file %s was made with the %s tokenizer but the model uses %s",
-                       data, kinds[t->train_file.kind == MF_TOK_GPT2], t->d.tokenizer);
-    if (t->train_file.vocab > (uint32_t)t->d.V)
-        return mf_fail("token file %s has vocabulary %u, larger than the model's %d", data, t->train_file.vocab, t->d.V);
+    if (mf_tokfile_open(&t->train_file, data) || check_tokfile(t, &t->train_file, data)) return -1;
     uint64_t need = (uint64_t)t->B * t->world * t->T + 1;
     if (t->cfg.val_data[0]) {
         if (mf_tokfile_open(&t->val_file, t->cfg.val_data)) return -1;
         t->own_val_file = 1;
-        if (t->val_file.kind != t->train_file.kind || !t->val_file.ids) return mf_fail("validation file %s uses another tokenizer than %s", t->cfg.val_data, data);
+        if (check_tokfile(t, &t->val_file, t->cfg.val_data)) return -1;
         t->train_lo = 0;
         t->train_hi = t->train_file.n;
         t->val_lo = 0;
@@ -303,16 +316,18 @@ static int open_data(mf_trainer *t) {
     return 0;
 }
 
-static const uint16_t *val_ids(const mf_trainer *t) {
-    return t->own_val_file ? t->val_file.ids : t->train_file.ids;
-}
+static const mf_tokfile *val_file(const mf_trainer *t) { return t->own_val_file ? &t->val_file : &t->train_file; }
 
-/* n tokens from ids[start] as inputs, the next ones as targets */
-static void load_window(mf_trainer *t, const uint16_t *ids, uint64_t start, size_t n) {
+/* n tokens from the mapped file's ids[start] (u16 or u32) as inputs, the
+ * next ones as targets */
+static void load_window(mf_trainer *t, const mf_tokfile *f, uint64_t start, size_t n) {
     int32_t *in = mf_arena_get(&t->arena, t->model.inputs), *tg = mf_arena_get(&t->arena, t->model.targets);
-    for (size_t i = 0; i < n; i++) {
-        in[i] = ids[start + i];
-        tg[i] = ids[start + i + 1];
+    if (f->ids) {
+        const uint16_t *ids = f->ids + start;
+        for (size_t i = 0; i < n; i++) in[i] = ids[i], tg[i] = ids[i + 1];
+    } else {
+        const uint32_t *ids = f->ids32 + start;
+        for (size_t i = 0; i < n; i++) in[i] = (int32_t)ids[i], tg[i] = (int32_t)ids[i + 1];
     }
 }
 
@@ -320,7 +335,7 @@ static void load_window(mf_trainer *t, const uint16_t *ids, uint64_t start, size
 static void load_rows(mf_trainer *t, int rows, int T) {
     uint64_t n = (uint64_t)rows * T, gn = n * t->world;
     if (t->train_lo + t->data_pos + gn + 1 > t->train_hi) t->data_pos = 0;
-    load_window(t, t->train_file.ids, t->train_lo + t->data_pos + n * t->rank, (size_t)n);
+    load_window(t, &t->train_file, t->train_lo + t->data_pos + n * t->rank, (size_t)n);
     t->data_pos += gn;
 }
 
@@ -346,6 +361,8 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     mf_rng_seed(&t->rng, cfg->seed ^ 0x5EED5A3Dull);
     t->use_scaler = mode == MF_MODE_TRAIN && strcmp(cfg->precision, "fp16") == 0;
     mf_scaler_init(&t->scaler, (float)cfg->loss_scale, cfg->loss_scale_interval);
+    /* the run's tokenizer hash, which its token files must record */
+    if (mf_tokenizer_spec_info(t->d.tokenizer, NULL, &t->tok_hash)) goto fail;
     int need_tok = cfg->sample_tokens > 0 || !cfg->data[0];
     if (need_tok && load_tokenizer(t)) goto fail;
     if (open_data(t)) goto fail;
@@ -628,7 +645,7 @@ double mf_trainer_val_loss(mf_trainer *t) {
     size_t n = (size_t)t->B * t->T;
     for (int i = 0; i < t->n_val_batches; i++) {
         mf_arena_step(&t->arena);
-        load_window(t, val_ids(t), t->val_lo + ((uint64_t)i * t->world + t->rank) * n, n);
+        load_window(t, val_file(t), t->val_lo + ((uint64_t)i * t->world + t->rank) * n, n);
         sum += mf_model_forward(&t->model, &t->arena, t->B, t->T, 1, 0.0f);
     }
     sum /= t->world;
@@ -649,7 +666,10 @@ static void emit_ctx(int32_t id, void *p) {
 }
 
 static int sample_next(mf_trainer *t, const float *logits) {
-    int V = t->d.V, k = t->cfg.top_k > 0 && t->cfg.top_k < V ? t->cfg.top_k : V;
+    /* only ids the tokenizer has: a Llama's embedding may have more rows
+     * (Qwen2.5's 151936 for 151665 ids) */
+    int V = t->d.V < mf_tokenizer_vocab(t->tok) ? t->d.V : mf_tokenizer_vocab(t->tok);
+    int k = t->cfg.top_k > 0 && t->cfg.top_k < V ? t->cfg.top_k : V;
     double temp = t->cfg.temperature;
     if (temp <= 0) {
         int best = 0;
@@ -691,7 +711,10 @@ int mf_trainer_sample(mf_trainer *t, const char *prompt, int n, FILE *out) {
         if (mf_tokenizer_encode(t->tok, prompt, strlen(prompt), emit_ctx, &c)) return -1;
         fputs(prompt, out);
     }
-    if (c.n == 0) emit_ctx(mf_tokenizer_kind(t->tok) == MF_TOK_GPT2 ? MF_GPT2_EOT : '\n', &c);
+    /* no prompt: GPT-2's end-of-text, else the tokenizer's newline */
+    if (c.n == 0 && mf_tokenizer_kind(t->tok) == MF_TOK_GPT2) emit_ctx(MF_GPT2_EOT, &c);
+    if (c.n == 0 && mf_tokenizer_encode(t->tok, "\n", 1, emit_ctx, &c)) return -1;
+    if (c.n == 0) return mf_fail("the tokenizer encodes a newline to no ids: give --prompt");
     int T = t->T, len = c.n;
     for (int s = 0; s < n; s++) {
         mf_arena_step(&t->arena);
