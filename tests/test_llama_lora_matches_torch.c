@@ -35,19 +35,6 @@
  * (the reference's weights, seed 1): a few times that */
 #define NF4_LOSS_BOUND 1e-2
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
-
 static void config(mf_config *c, const char *dir, const char *tok, const char *lora, const char *adapter) {
     char p[1200];
     mf_config_defaults(c);
@@ -149,7 +136,7 @@ static void run_case(const char *src, const char *name, const char *args, const 
      * 7 rows at a time (48 = 6 x 7 + 6), with it in one piece (a chunked
      * plan keeps only each sequence's last logits) */
     snprintf(p, sizeof p, "%s/ref.json", dir);
-    char *js = read_text(p);
+    char *js = mf_test_read_text(p);
     cJSON *j = js ? cJSON_Parse(js) : NULL;
     cJSON *losses = j ? cJSON_GetObjectItem(j, "losses") : NULL;
     CHECK(cJSON_GetArraySize(losses) == 10, "ref.json losses");
@@ -238,7 +225,7 @@ static void run_case(const char *src, const char *name, const char *args, const 
             } else CHECK(0, "reload %s: %s", back[w], mf_error());
         }
         snprintf(p, sizeof p, "%s/adapter_config.json", cli);
-        char *cj = read_text(p);
+        char *cj = mf_test_read_text(p);
         cJSON *jc = cj ? cJSON_Parse(cj) : NULL;
         cJSON *tm = jc ? cJSON_GetObjectItem(jc, "target_modules") : NULL;
         cJSON *jr = jc ? cJSON_GetObjectItem(jc, "r") : NULL, *ja = jc ? cJSON_GetObjectItem(jc, "lora_alpha") : NULL;

@@ -24,19 +24,6 @@
 #define B_ 2
 #define V_ 256
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
-
 static void run_case(const char *src, const char *name, const char *args) {
     char dir[] = "/tmp/memfit-llama-parity-XXXXXX", cmd[2048], p[1200];
     if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
@@ -108,7 +95,7 @@ static void run_case(const char *src, const char *name, const char *args) {
     mf_trainer_free(&t);
 
     snprintf(p, sizeof p, "%s/ref.json", dir);
-    char *js = read_text(p);
+    char *js = mf_test_read_text(p);
     cJSON *j = js ? cJSON_Parse(js) : NULL;
     cJSON *losses = j ? cJSON_GetObjectItem(j, "losses") : NULL;
     CHECK(cJSON_GetArraySize(losses) == 10, "ref.json losses");

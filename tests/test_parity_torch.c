@@ -19,19 +19,6 @@
 #define T_ 16
 #define B_ 3
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
-
 int main(void) {
     const char *src = getenv("MEMFIT_SRC");
     char dir[] = "/tmp/memfit-parity-XXXXXX", cmd[2048], p[1200];
@@ -113,7 +100,7 @@ int main(void) {
 
     /* 10 AdamW steps with clipping on the same batch */
     snprintf(p, sizeof p, "%s/ref.json", dir);
-    char *js = read_text(p);
+    char *js = mf_test_read_text(p);
     cJSON *j = js ? cJSON_Parse(js) : NULL;
     cJSON *losses = j ? cJSON_GetObjectItem(j, "losses") : NULL;
     CHECK(cJSON_GetArraySize(losses) == 10, "ref.json losses");

@@ -55,7 +55,7 @@ int main(void) {
             mf_config_set(&c, "seq", "64");
             mf_dims d;
             mf_model m;
-            CHECK(mf_train_plan(&c, mode ? MF_MODE_INFER : MF_MODE_TRAIN, 2, 0, &d, &p, &m) == 0, "%s", mf_error());
+            CHECK(mf_model_build_plan(&c, mode ? MF_MODE_INFER : MF_MODE_TRAIN, 2, 0, &d, &p, &m) == 0, "%s", mf_error());
             check_plan(&p, models[k]);
             /* fragmentation stays small */
             CHECK((double)p.arena_bytes <= 1.05 * (double)p.peak_bytes, "%s mode %d: arena %zu vs peak %zu",

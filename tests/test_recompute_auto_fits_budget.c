@@ -34,7 +34,7 @@ static size_t arena_for(const char *data, const char *policy) {
     mf_dims d;
     mf_plan p;
     mf_model m;
-    if (mf_train_plan(&c, MF_MODE_TRAIN, 2, 0, &d, &p, &m)) { CHECK(0, "%s", mf_error()); return 0; }
+    if (mf_model_build_plan(&c, MF_MODE_TRAIN, 2, 0, &d, &p, &m)) { CHECK(0, "%s", mf_error()); return 0; }
     size_t a = p.arena_bytes;
     mf_model_free(&m);
     mf_plan_free(&p);

@@ -42,3 +42,16 @@ const char *mf_test_cache_path(const char *rel, char *buf, size_t n) {
     else snprintf(buf, n, "%s/.cache/memfit/%s", home ? home : "/root", rel);
     return access(buf, R_OK) == 0 ? buf : NULL;
 }
+
+char *mf_test_read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
+    if (s) s[n] = 0;
+    fclose(f);
+    return s;
+}

@@ -20,4 +20,6 @@ int mf_test_done(const char *name);
 /* Path of a file under $MEMFIT_CACHE (default ~/.cache/memfit), or NULL if
  * the cache has no such file; the test then fails (data is fetched by make). */
 const char *mf_test_cache_path(const char *rel, char *buf, size_t n);
+/* A whole file as a NUL-terminated heap string (free it), or NULL. */
+char *mf_test_read_text(const char *path);
 #endif

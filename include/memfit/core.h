@@ -199,6 +199,9 @@ uint32_t mf_rng_u32(mf_rng *r);
 float mf_rng_uniform(mf_rng *r);       /* [0, 1) */
 float mf_rng_normal(mf_rng *r);        /* N(0, 1), Box-Muller */
 
+/* $MEMFIT_CACHE, or ~/.cache/memfit: where fetched data and cached rates live. */
+const char *mf_cache_dir(char *buf, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,10 +3,12 @@
  * PEFT's conventions.
  *
  * Owns: the parsed --lora setting, the adapter kernels (forward, the two
- * halves of backward, dropout) and the per-layer hooks the GPT-2 model calls
- * around each targeted matmul. The rows (A, B, their gradients and optimizer
- * state in category `adapter`; the low-rank scratch in `work`) are declared
- * by the model's plan; this module reads them through the arena.
+ * halves of backward, dropout), adapter_config.json and memfit merge. It
+ * knows nothing of the model: the per-layer hooks around each targeted
+ * matmul and the PEFT adapter files live with the model
+ * (src/model/lora_hooks.c, adapter.c), which declares the rows (A, B, their
+ * gradients and optimizer state in category `adapter`; the low-rank scratch
+ * in `work`) in its plan. Dependencies run one way: model -> lora.
  *
  * Promises: for a targeted layer with input x (N,in) and output y (N,out),
  *   y += (alpha / r) * dropout(x) @ A^T @ B^T,  A (r, in), B (out, r)

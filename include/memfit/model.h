@@ -103,7 +103,7 @@ typedef enum { MF_RECOMPUTE_NONE, MF_RECOMPUTE_SELECTIVE, MF_RECOMPUTE_EVERY, MF
 /* EVERY keeps the input of every `every`-th block and recomputes segments
  * of that many blocks; "full" is every:1; SQRT uses segments of
  * ceil(sqrt(L)) blocks. AUTO recomputes the lowest `every` blocks in full
- * and keeps the rest; mf_train_plan picks the count from the budget. */
+ * and keeps the rest; mf_model_build_plan picks the count from the budget. */
 typedef struct { mf_recompute_policy policy; int every; } mf_recompute;
 /* Parses "none" / "selective" / "full" / "every:N" / "sqrt"; -1 with a
  * message otherwise. */
@@ -214,6 +214,13 @@ typedef struct {
     size_t qscr_bytes;    /* their size */
 } mf_model;
 
+/* The plan a config implies, without data or arena (build.c; memfit
+ * estimate, the trainer and the planner's search). With recompute "auto",
+ * the fewest recomputed blocks whose arena plus `overhead` (the measured
+ * runtime) fits cfg->budget. */
+int mf_model_build_plan(const mf_config *cfg, mf_mode mode, int nthreads, size_t overhead,
+                        mf_dims *d, mf_plan *plan, mf_model *model);
+
 /* Phases of one micro-step (lifetimes are ranges of these). */
 int mf_phase_emb_fwd(const mf_model *m);
 int mf_phase_layer_fwd(const mf_model *m, int l);
@@ -238,7 +245,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                        const mf_optim *opt, const mf_lora_cfg *lora);
 void mf_model_free(mf_model *m);
 
-/* LoRA hooks around target k of layer l (src/lora/lora_model.c); each does
+/* LoRA hooks around target k of layer l (src/model/lora_hooks.c); each does
  * nothing when k has no adapter. forward: y += the adapter's output on x.
  * backward_params (before the base matmul's backward): dA, dB, and the
  * low-rank gradient kept for backward_input (after it): dx += its part. */
@@ -253,7 +260,7 @@ void mf_lora_layer_backward_params_ld(mf_model *m, mf_arena *a, int l, int k, co
                                       const float *x, int N);
 /* PEFT's init: every lora_A Kaiming-uniform (seeded per tensor), lora_B zero. */
 void mf_lora_init_weights(mf_model *m, mf_arena *a, uint64_t seed);
-/* Adapters in PEFT's layout (src/lora/adapter.c): DIR/adapter_model.safetensors
+/* Adapters in PEFT's layout (src/model/adapter.c): DIR/adapter_model.safetensors
  * (base_model.model.transformer.h.{i}.<target>.lora_A.weight (r,in) and
  * .lora_B.weight (out,r), fp32) and DIR/adapter_config.json, each written
  * atomically; base_name goes to base_model_name_or_path. Loading checks

@@ -7,7 +7,7 @@
  *
  * Promises:
  *  - Bytes are exact: each candidate's bytes are the arena of the real plan
- *    (mf_train_plan on the config with that setting applied) plus the
+ *    (mf_model_build_plan on the config with that setting applied) plus the
  *    measured runtime outside the arena, the same sum the trainer checks.
  *    A setting fits when that sum plus MF_PLANNER_HEADROOM (growth of the
  *    process outside the plan after the baseline is read: the arena's page

@@ -23,8 +23,6 @@
 extern "C" {
 #endif
 
-/* $MEMFIT_CACHE, else $HOME/.cache/memfit. */
-const char *mf_cache_dir(char *buf, size_t n);
 /* Sets OpenMP's and OpenBLAS's thread counts (0 = all cores); returns it. */
 int mf_threads_setup(int threads);
 /* The classes of fp32 GEMM shapes a run sends through mf_sgemm (oneDNN by
@@ -60,11 +58,7 @@ mf_tokenizer *mf_tokenizer_open(const char *kind, const char *dir);
 /* Tokenizes a text file into a token file (atomic write). */
 int mf_tokenize_file(const mf_tokenizer *tok, const char *text_path, const char *out_path);
 
-/* The plan a config implies, without data or arena (memfit estimate and the
- * trainer). With recompute "auto", the fewest recomputed blocks whose arena
- * plus `overhead` (the measured runtime) fits cfg->budget. */
-int mf_train_plan(const mf_config *cfg, mf_mode mode, int nthreads, size_t overhead,
-                  mf_dims *d, mf_plan *plan, mf_model *model);
+
 
 typedef struct {
     mf_config cfg;

@@ -465,7 +465,7 @@ static int cmd_estimate(int argc, char **argv) {
     int T = cfg.seq ? cfg.seq : d.maxT;
     mf_blas_warmup(&d, cfg.batch * T, mf_blas_warm_shapes(&cfg));
     size_t runtime = mf_rss_current();
-    if (mf_train_plan(&cfg, MF_MODE_TRAIN, nthreads, runtime, &d, &plan, &model)) return die(mf_error());
+    if (mf_model_build_plan(&cfg, MF_MODE_TRAIN, nthreads, runtime, &d, &plan, &model)) return die(mf_error());
     if (json) mf_report_estimate_json(stdout, &cfg, &d, &plan, &model, runtime);
     else mf_report_estimate(stdout, &cfg, &d, &plan, &model, runtime);
     int rc = 0;

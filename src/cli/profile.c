@@ -204,7 +204,7 @@ static size_t replan(const mf_trainer *t, const char *key, const char *value, do
     mf_dims d;
     mf_plan p;
     mf_model m;
-    if (mf_train_plan(&c, MF_MODE_TRAIN, t->nthreads, t->ledger.rss_baseline, &d, &p, &m)) return 0;
+    if (mf_model_build_plan(&c, MF_MODE_TRAIN, t->nthreads, t->ledger.rss_baseline, &d, &p, &m)) return 0;
     size_t arena = p.arena_bytes;
     if (rflops) *rflops = recompute_flops(&m);
     mf_model_free(&m);

@@ -122,3 +122,10 @@ float mf_rng_normal(mf_rng *r) {
     if (u1 < 1e-12f) u1 = 1e-12f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2);
 }
+
+const char *mf_cache_dir(char *buf, size_t n) {
+    const char *c = getenv("MEMFIT_CACHE"), *h = getenv("HOME");
+    if (c && *c) snprintf(buf, n, "%s", c);
+    else snprintf(buf, n, "%s/.cache/memfit", h && *h ? h : ".");
+    return buf;
+}

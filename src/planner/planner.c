@@ -1,8 +1,8 @@
 /* The settings search: every combination of the axes below is planned with
- * the real plan builder (mf_train_plan), timed with the rates model
+ * the real plan builder (mf_model_build_plan), timed with the rates model
  * (rates.c), and the fastest that fits the budget is chosen. */
 #include "memfit/planner.h"
-#include "memfit/train.h"
+#include "memfit/model.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -179,7 +179,7 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
         mf_dims d;
         mf_plan p;
         mf_model m;
-        if (mf_train_plan(&c0, MF_MODE_TRAIN, nthreads, runtime, &d, &p, &m)) return -1;
+        if (mf_model_build_plan(&c0, MF_MODE_TRAIN, nthreads, runtime, &d, &p, &m)) return -1;
         out->seq = cfg->seq ? cfg->seq : d.maxT;
         mf_model_free(&m);
         mf_plan_free(&p);
@@ -199,7 +199,7 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
         mf_model m;
         /* combinations the optimizer refuses (update_in_backward with
          * accumulation or offload, offloaded Adafactor) are not settings */
-        if (!bad && mf_train_plan(&c, MF_MODE_TRAIN, nthreads, runtime, &d, &p, &m) == 0) {
+        if (!bad && mf_model_build_plan(&c, MF_MODE_TRAIN, nthreads, runtime, &d, &p, &m) == 0) {
             mf_planner_choice ch;
             memset(&ch, 0, sizeof ch);
             snprintf(ch.recompute, sizeof ch.recompute, "%s", c.recompute);

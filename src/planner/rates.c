@@ -5,7 +5,7 @@
 #include "memfit/half.h"
 #include "memfit/kernels.h"
 #include "memfit/optim.h"
-#include "memfit/train.h"
+#include "memfit/model.h"
 
 #include <errno.h>
 #include <fcntl.h>
