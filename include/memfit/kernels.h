@@ -248,8 +248,8 @@ void mf_rmsnorm_forward16(void *out, mf_dtype dt, float *rstd, const float *inp,
                           float eps);
 void mf_swiglu_forward16(void *out, mf_dtype dt, const float *gate, const float *up, size_t n);
 void mf_embed_forward16(float *out, const int32_t *inp, const void *wte, mf_dtype dt, int N, int C);
-/* mf_gemm16 (bf16 only) writing C with leading dimension ldc (>= N): a
- * product into a column range of a wider row (q, k and v into qkv). */
+/* mf_gemm16 writing C with leading dimension ldc (>= N; K > 0): a product
+ * into a column range of a wider row (q, k and v into qkv). */
 void mf_gemm16_ldc(mf_dtype dt, float *C, int ldc, const void *A, const void *B, const float *bias, int M, int N,
                    int K, int tA, int tB, int accumulate, void *scratch, size_t scratch_bytes);
 

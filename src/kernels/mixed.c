@@ -115,7 +115,7 @@ static void widen_block(float *out, const mf_fp16 *in, int rows, int cols, size_
     for (int i = 0; i < rows; i++) mf_f32_from_fp16(out + (size_t)i * cols, in + (size_t)(r0 + i) * ld + c0, (size_t)cols);
 }
 
-static void f16_gemm(float *C, const mf_fp16 *A, const mf_fp16 *B, int M, int N, int K, int tA, int tB,
+static void f16_gemm(float *C, int ldc, const mf_fp16 *A, const mf_fp16 *B, int M, int N, int K, int tA, int tB,
                      float beta, float *scratch) {
     const int kbmax = f16_kb(M, N, K);
     float *a = scratch, *b = scratch + (size_t)M * kbmax;
@@ -127,7 +127,7 @@ static void f16_gemm(float *C, const mf_fp16 *A, const mf_fp16 *B, int M, int N,
         if (tB) widen_block(b, B, N, kb, (size_t)K, 0, k0);
         else widen_block(b, B, kb, N, (size_t)N, k0, 0);
         cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans, tB ? CblasTrans : CblasNoTrans, M, N, kb, 1.0f, a,
-                    tA ? M : kb, b, tB ? kb : N, k0 ? 1.0f : beta, C, N);
+                    tA ? M : kb, b, tB ? kb : N, k0 ? 1.0f : beta, C, ldc);
     }
 }
 
@@ -160,15 +160,28 @@ void mf_gemm16(mf_dtype dt, float *C, const void *A, const void *B, const float 
             for (size_t i = 0; i < (size_t)M * N; i++) C[i] = 0.0f;
         return;
     }
-    f16_gemm(C, A, B, M, N, K, tA, tB, beta, scratch);
+    f16_gemm(C, N, A, B, M, N, K, tA, tB, beta, scratch);
 }
 
 void mf_gemm16_ldc(mf_dtype dt, float *C, int ldc, const void *A, const void *B, const float *bias, int M, int N,
                    int K, int tA, int tB, int accumulate, void *scratch, size_t scratch_bytes) {
     if (M <= 0 || N <= 0) return;
-    if (dt != MF_DTYPE_BF16 || K <= 0 || ldc < N) mf_panic("mf_gemm16_ldc: bf16 with K > 0 and ldc >= N only");
-    if (mf_gemm_bf16_ldc(C, ldc, A, B, bias, M, N, K, tA, tB, accumulate, scratch, scratch_bytes))
-        mf_panic("bf16 GEMM %dx%dx%d failed (a memfit bug: the plan sized its scratch): %s", M, N, K, mf_error());
+    if (K <= 0 || ldc < N) mf_panic("mf_gemm16_ldc: K > 0 and ldc >= N only");
+    if (dt == MF_DTYPE_BF16) {
+        if (mf_gemm_bf16_ldc(C, ldc, A, B, bias, M, N, K, tA, tB, accumulate, scratch, scratch_bytes))
+            mf_panic("bf16 GEMM %dx%dx%d failed (a memfit bug: the plan sized its scratch): %s", M, N, K, mf_error());
+        return;
+    }
+    if (f16_scratch(M, N, K) > scratch_bytes)
+        mf_panic("fp16 GEMM %dx%dx%d needs %zu bytes of scratch, %zu planned", M, N, K, f16_scratch(M, N, K), scratch_bytes);
+    float beta = accumulate ? 1.0f : 0.0f;
+    if (bias) {  /* the bias first, then the product accumulates onto it */
+#pragma omp parallel for schedule(static) if ((size_t)M * N >= MF_PAR_MIN)
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = (accumulate ? C[(size_t)i * ldc + j] : 0.0f) + bias[j];
+        beta = 1.0f;
+    }
+    f16_gemm(C, ldc, A, B, M, N, K, tA, tB, beta, scratch);
 }
 
 void mf_matmul16_forward(mf_dtype dt, float *out, const void *inp, const void *w, const float *bias, int N, int C,

@@ -390,9 +390,6 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                                  : "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj");
         }
     }
-    if (llama && mode == MF_MODE_TRAIN && opt->compute == MF_DTYPE_F16)
-        return mf_fail("precision fp16: Llama-family models train in fp32 or bf16 (fp16 has no fast GEMM here and "
-                       "bf16 needs no loss scaling)");
     m->lora_u = m->lora_du = m->lora_xf = m->lora_xb = m->qscr_f = m->qscr_b = -1;
     m->comm = -1;
     m->rope = -1;
