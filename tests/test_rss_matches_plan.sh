@@ -81,6 +81,12 @@ LLAMA=(--model llama-tiny --n_layer 4 --n_embd 256 --n_head 8 --n_kv_head 2 --in
 for p in none full; do
   run "llama-L4-C256-kv2-B4-T256-$p" "${LLAMA[@]}" --steps 2 --recompute "$p"
 done
+# ... in bf16 compute, with LoRA on all seven projections, and QLoRA on an
+# NF4 base (its frozen embedding and head then bf16)
+run llama-L4-C256-kv2-B4-T256-bf16 "${LLAMA[@]}" --steps 2 --precision bf16
+LLORA=r=8,alpha=16,dropout=0.05,targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+run llama-L4-C256-kv2-B4-T256-lora "${LLAMA[@]}" --steps 2 --lora "$LLORA"
+run llama-L4-C256-kv2-B4-T256-qlora-full "${LLAMA[@]}" --steps 2 --lora "$LLORA" --base_dtype nf4 --recompute full
 if /usr/bin/python3 "${MEMFIT_SRC:-$(dirname "$0")/..}/tests/ref/llama_torch.py" make-hf --out "$W/llama-hf" --arch llama \
     --layers 4 --hidden 256 --heads 8 --kv_heads 2 --inter 704 --vocab 256 --max_pos 256 --tied 1 --dtype BF16 --shards 2 \
     >/dev/null 2>&1; then
