@@ -113,8 +113,14 @@ int mf_hf_read_config(const char *dir, mf_dims *d) {
     }
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(o, "sliding_window");
     const cJSON *usw = cJSON_GetObjectItemCaseSensitive(o, "use_sliding_window");
-    /* Qwen2 configs carry a sliding_window that is off unless use_sliding_window */
-    if (sw && !cJSON_IsNull(sw) && !(k == 1 && !cJSON_IsTrue(usw))) {
+    /* Qwen2 configs carry a sliding_window that is off unless
+     * use_sliding_window, and then only from layer max_window_layers up:
+     * per-layer windows are not supported, so that case is refused */
+    if (k == 1 && cJSON_IsTrue(usw)) {
+        mf_fail("%s: use_sliding_window true (Qwen2's per-layer sliding window) is not supported", path);
+        goto out;
+    }
+    if (sw && !cJSON_IsNull(sw) && k != 1) {
         if (!cJSON_IsNumber(sw) || sw->valuedouble < 0 || sw->valuedouble > (1 << 24)) {
             mf_fail("%s: 'sliding_window' must be a whole number >= 0 or null", path);
             goto out;
