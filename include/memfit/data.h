@@ -113,6 +113,81 @@ int mf_tokfile_write(const char *path, mf_tok_kind kind, uint32_t vocab,
 int mf_tokfile_write32(const char *path, mf_tok_kind kind, uint32_t vocab, uint64_t tok_hash,
                        const uint32_t *ids, uint64_t n);
 
+
+/* ---- chat data (src/data/chat.c) ------------------------------------- */
+
+/* One conversation, parsed from one JSONL line: either
+ *   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
+ * or {"prompt": "...", "completion": "..."} (one user turn, then one
+ * assistant turn). Strings are owned (NUL-terminated, len excludes it). */
+typedef enum { MF_CHAT_SYSTEM = 0, MF_CHAT_USER = 1, MF_CHAT_ASSISTANT = 2 } mf_chat_role;
+typedef struct {
+    mf_chat_role role;
+    char *content;
+    size_t len;
+} mf_chat_msg;
+typedef struct {
+    mf_chat_msg *msgs;
+    int n;
+    long line; /* the 1-based line number it was parsed from (for messages) */
+} mf_chat;
+
+/* Parses one line (`len` bytes, need not be NUL-terminated) into *out.
+ * Returns 0, or -1 with one line in mf_error() naming the line number and
+ * the problem: malformed JSON, messages not an array, a message without a
+ * role or with an unknown one, content not a string, an empty (or
+ * whitespace-only) assistant turn, no assistant turn at all. On error *out
+ * is left empty (nothing to free). */
+int mf_chat_parse_line(const char *line, size_t len, long lineno, mf_chat *out);
+void mf_chat_free(mf_chat *c);
+/* "system", "user", "assistant". */
+const char *mf_chat_role_name(mf_chat_role r);
+
+/* Chat templates (formats documented in src/data/chat.c). */
+typedef enum {
+    MF_CHAT_LLAMA3 = 0,  /* "llama3" */
+    MF_CHAT_CHATML = 1,  /* "chatml" (Qwen) */
+    MF_CHAT_LLAMA2 = 2,  /* "llama2" */
+    MF_CHAT_SMOLLM2 = 3, /* "smollm2" (ChatML with SmolLM2's default system turn) */
+} mf_chat_template;
+
+/* By name; -1 (naming the choices) for an unknown name. */
+int mf_chat_template_by_name(const char *name, mf_chat_template *out);
+const char *mf_chat_template_name(mf_chat_template t);
+/* Recognises a family from a Jinja chat_template string by its distinctive
+ * substrings; `path` names where it came from in the error. -1 if unknown. */
+int mf_chat_template_detect(const char *chat_template, const char *path, mf_chat_template *out);
+/* The same from a tokenizer_config.json's `chat_template` (a string, or a
+ * list of {name, template} where "default" is used). -1 naming the file
+ * when it cannot be read, has no chat_template, or the family is unknown. */
+int mf_chat_template_from_config(const char *tokenizer_config_json, mf_chat_template *out);
+
+/* A rendered conversation: the text (NUL-terminated, malloc'd) and the
+ * byte ranges [begin, end) that count for the loss, in order and disjoint:
+ * each assistant turn's content plus the end-of-turn token after it. No
+ * generation prompt is appended. */
+typedef struct {
+    size_t begin, end;
+} mf_chat_span;
+typedef struct {
+    char *text;
+    size_t len;
+    mf_chat_span *spans;
+    int n_spans;
+} mf_chat_rendered;
+
+/* Returns 0, or -1 (a conversation the template cannot express, e.g. Llama
+ * 2's roles not alternating, naming the line; or out of memory). */
+int mf_chat_render(mf_chat_template t, const mf_chat *c, mf_chat_rendered *out);
+void mf_chat_rendered_free(mf_chat_rendered *r);
+
+/* Tokenizes a rendered conversation: *ids (malloc'd, *n of them) and
+ * *mask (malloc'd, 1 = the id lies in a loss span). The text is encoded
+ * piecewise (each gap and each loss span on its own, ids concatenated) so
+ * that no token straddles a span boundary; see chat.c. 0, or -1. */
+int mf_chat_tokenize(const mf_tokenizer *t, const mf_chat_rendered *r, int32_t **ids, uint8_t **mask,
+                     size_t *n);
+
 #ifdef __cplusplus
 }
 #endif
