@@ -445,8 +445,16 @@ int mf_chat_render(mf_chat_template t, const mf_chat *c, mf_chat_rendered *out) 
  * already when the content starts with a non-space character (checked
  * against the whole-text encoding in tests/test_chat_templates.c). For a
  * SentencePiece-style tokenizer.json with a Prepend("▁") normalizer
- * (Llama 2) each piece gets its own "▁" prefix, so the llama2 ids differ
- * from whole-text encoding at piece starts. */
+ * (Llama 2) every piece gets its own "▁" prefix; where a loss span follows
+ * a space (llama2's "[/INST] {assistant}"), that space is left out of the
+ * gap before it and the span's prepended "▁" stands for it, which gives
+ * the whole-text ids ("▁Hello" rather than "▁" + "▁Hello") — the token
+ * whose "▁" came from the space is in the loss, as HF's offsets (which map
+ * a prepended "▁" to the next character) would put it. Detected by
+ * behaviour, not by reading the normalizer: encoding "x" decodes to " x",
+ * and the span's first token decodes with a leading space its text lacks.
+ * A piece that starts elsewhere (not after a space) still gets an extra
+ * "▁" with such a tokenizer. */
 typedef struct {
     int32_t *ids;
     uint8_t *mask;
@@ -481,14 +489,48 @@ static int mf_chat_piece(const mf_tokenizer *t, const char *s, size_t n, uint8_t
     return 0;
 }
 
+/* 1 if the id's bytes begin with a space. */
+static int mf_chat_id_spaced(const mf_tokenizer *t, int32_t id) {
+    const char *b;
+    int k = mf_tokenizer_decode(t, id, &b);
+    return k > 0 && b[0] == ' ';
+}
+
+/* 1 if the tokenizer prefixes every encoded piece with a space ("▁"). */
+static int mf_chat_prepends_space(const mf_tokenizer *t) {
+    mf_chat_ids p = {0};
+    int yes = 0;
+    if (mf_tokenizer_encode(t, "x", 1, mf_chat_emit, &p) == 0 && !p.oom && p.n > 0) {
+        char buf[8];
+        size_t o = 0;
+        for (size_t i = 0; i < p.n && o < sizeof buf; i++) {
+            const char *b;
+            int k = mf_tokenizer_decode(t, p.ids[i], &b);
+            for (int j = 0; j < k && o < sizeof buf; j++) buf[o++] = b[j];
+        }
+        yes = o == 2 && buf[0] == ' ' && buf[1] == 'x';
+    }
+    free(p.ids);
+    free(p.mask);
+    return yes;
+}
+
+static int mf_chat_append(mf_chat_ids *l, const mf_chat_ids *src, uint8_t m) {
+    l->cur = m;
+    for (size_t i = 0; i < src->n; i++) mf_chat_emit(src->ids[i], l);
+    if (l->oom) return mf_fail("out of memory tokenizing a conversation");
+    return 0;
+}
+
 int mf_chat_tokenize(const mf_tokenizer *t, const mf_chat_rendered *r, int32_t **ids, uint8_t **mask,
                      size_t *n) {
     *ids = NULL;
     *mask = NULL;
     *n = 0;
-    mf_chat_ids l = {0};
+    mf_chat_ids l = {0}, sp = {0};
     size_t pos = 0;
     int rc = 0;
+    int prepends = mf_chat_prepends_space(t);
     for (int i = 0; i < r->n_spans && !rc; i++) {
         const mf_chat_span *s = &r->spans[i];
         if (s->begin < pos || s->end < s->begin || s->end > r->len) {
@@ -496,10 +538,19 @@ int mf_chat_tokenize(const mf_tokenizer *t, const mf_chat_rendered *r, int32_t *
                          s->end, r->len);
             break;
         }
-        rc = mf_chat_piece(t, r->text + pos, s->begin - pos, 0, &l);
-        if (!rc) rc = mf_chat_piece(t, r->text + s->begin, s->end - s->begin, 1, &l);
+        sp.n = 0;
+        rc = mf_chat_piece(t, r->text + s->begin, s->end - s->begin, 1, &sp);
+        if (rc) break;
+        size_t gap_end = s->begin;
+        if (prepends && s->begin > pos && s->end > s->begin && r->text[s->begin - 1] == ' ' &&
+            r->text[s->begin] != ' ' && sp.n > 0 && mf_chat_id_spaced(t, sp.ids[0]))
+            gap_end--; /* the span's prepended "▁" stands for this space */
+        rc = mf_chat_piece(t, r->text + pos, gap_end - pos, 0, &l);
+        if (!rc) rc = mf_chat_append(&l, &sp, 1);
         pos = s->end;
     }
+    free(sp.ids);
+    free(sp.mask);
     if (!rc) rc = mf_chat_piece(t, r->text + pos, r->len - pos, 0, &l);
     if (rc) {
         free(l.ids);
