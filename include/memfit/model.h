@@ -167,8 +167,9 @@ typedef struct {
     int t_normf, n_normf; /* the final norm's tensors (weight, GPT-2's bias) */
     int t_head;           /* the untied output head, -1 when tied to t_emb */
     int lt[MF_LAYER_TENSORS]; /* Llama: offset in a block of each MF_LT_* tensor, -1 if absent */
-    int rope;             /* Llama: the cos/sin table (work), -1 for GPT-2 */
-    int rope_T;           /* positions the table holds */
+    int rope;             /* Llama: the cos/sin table (work, the whole run), -1 for GPT-2 */
+    int rope_T;           /* positions the table can hold */
+    int rope_filled;      /* positions it holds now (0: not filled yet) */
     int inputs, targets;  /* (B,T) int32, category data */
     int *res;             /* L+1 residual streams (N,C) as forward writes them; res[0] = embeddings */
     int *rres;            /* L+1: the same as backward reads them (rebuilt ones differ) */

@@ -17,6 +17,10 @@ void mf_unicode_to_bytes(int inv[324]);
 int mf_unmap(const int inv[324], const char *s, size_t len, char *out);
 /* Length of the longest valid UTF-8 prefix of s[0..n) (RFC 3629). */
 size_t mf_utf8_valid_len(const unsigned char *s, size_t n);
+/* A binary min-heap of packed (rank, position) keys, the merge queue both
+ * BPE encoders use for long pre-tokens (tokenizer.c). */
+void mf_tok_heap_push(uint64_t *h, size_t *n, uint64_t v);
+uint64_t mf_tok_heap_pop(uint64_t *h, size_t *n);
 /* GPT-2's pre-tokenisation pattern (also ByteLevel's use_regex). */
 extern const char mf_gpt2_pattern[];
 

@@ -487,13 +487,13 @@ typedef struct {
 #define MF_BPE_HEAP_MIN 64
 #endif
 
-static void mf_heap_push(uint64_t *h, size_t *n, uint64_t v) {
+void mf_tok_heap_push(uint64_t *h, size_t *n, uint64_t v) {
     size_t i = (*n)++;
     while (i > 0 && h[(i - 1) / 2] > v) { h[i] = h[(i - 1) / 2]; i = (i - 1) / 2; }
     h[i] = v;
 }
 
-static uint64_t mf_heap_pop(uint64_t *h, size_t *n) {
+uint64_t mf_tok_heap_pop(uint64_t *h, size_t *n) {
     uint64_t top = h[0], v = h[--*n];
     size_t i = 0;
     for (;;) {
@@ -527,10 +527,10 @@ static int mf_bpe_heap(mf_enc *e, int32_t *w, size_t n) {
         nx[i] = i + 1 < n ? (int32_t)(i + 1) : -1;
         pv[i] = (int32_t)i - 1;
         const mf_merge *g = i + 1 < n ? mf_merge_find(t, w[i], w[i + 1]) : NULL;
-        if (g) mf_heap_push(heap, &hn, (uint64_t)g->rank << 32 | i);
+        if (g) mf_tok_heap_push(heap, &hn, (uint64_t)g->rank << 32 | i);
     }
     while (hn > 0) {
-        uint64_t k = mf_heap_pop(heap, &hn);
+        uint64_t k = mf_tok_heap_pop(heap, &hn);
         int32_t i = (int32_t)(k & 0xffffffffu), j;
         if (w[i] < 0 || (j = nx[i]) < 0) continue;
         const mf_merge *g = mf_merge_find(t, w[i], w[j]);
@@ -540,9 +540,9 @@ static int mf_bpe_heap(mf_enc *e, int32_t *w, size_t n) {
         nx[i] = nx[j];
         if (nx[j] >= 0) pv[nx[j]] = i;
         if (pv[i] >= 0 && (g = mf_merge_find(t, w[pv[i]], w[i])))
-            mf_heap_push(heap, &hn, (uint64_t)g->rank << 32 | (uint32_t)pv[i]);
+            mf_tok_heap_push(heap, &hn, (uint64_t)g->rank << 32 | (uint32_t)pv[i]);
         if (nx[i] >= 0 && (g = mf_merge_find(t, w[i], w[nx[i]])))
-            mf_heap_push(heap, &hn, (uint64_t)g->rank << 32 | (uint32_t)i);
+            mf_tok_heap_push(heap, &hn, (uint64_t)g->rank << 32 | (uint32_t)i);
     }
     for (int32_t i = 0; i >= 0; i = nx[i]) e->emit(w[i], e->ctx);
     free(nx);

@@ -761,27 +761,6 @@ static int mf_hf_grow(mf_hfenc *e, size_t n) {
     return 0;
 }
 
-static void mf_hf_heap_push(uint64_t *h, size_t *n, uint64_t v) {
-    size_t i = (*n)++;
-    while (i > 0 && h[(i - 1) / 2] > v) { h[i] = h[(i - 1) / 2]; i = (i - 1) / 2; }
-    h[i] = v;
-}
-
-static uint64_t mf_hf_heap_pop(uint64_t *h, size_t *n) {
-    uint64_t top = h[0], v = h[--*n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= *n) break;
-        if (c + 1 < *n && h[c + 1] < h[c]) c++;
-        if (h[c] >= v) break;
-        h[i] = h[c];
-        i = c;
-    }
-    h[i] = v;
-    return top;
-}
-
 /* Emits one final symbol: its id, or its bytes as <0xXX> tokens, or unk. */
 static int mf_hf_out_sym(mf_hfenc *e, const unsigned char *p, int32_t id, uint32_t start, uint32_t len) {
     const mf_hftok *h = e->h;
@@ -853,10 +832,10 @@ static int mf_hf_bpe(mf_hfenc *e, const unsigned char *p, size_t n) {
         nx[i] = i + 1 < m ? (int32_t)(i + 1) : -1;
         pv[i] = (int32_t)i - 1;
         const mf_hfmerge *g = i + 1 < m && w[i] >= 0 && w[i + 1] >= 0 ? mf_hf_merge(h, w[i], w[i + 1]) : NULL;
-        if (g) mf_hf_heap_push(heap, &hn, (uint64_t)g->rank << 32 | i);
+        if (g) mf_tok_heap_push(heap, &hn, (uint64_t)g->rank << 32 | i);
     }
     while (hn > 0) {
-        uint64_t k = mf_hf_heap_pop(heap, &hn);
+        uint64_t k = mf_tok_heap_pop(heap, &hn);
         int32_t i = (int32_t)(k & 0xffffffffu), j;
         if (ln[i] == 0 || (j = nx[i]) < 0 || w[i] < 0 || w[j] < 0) continue;
         const mf_hfmerge *g = mf_hf_merge(h, w[i], w[j]);
@@ -867,9 +846,9 @@ static int mf_hf_bpe(mf_hfenc *e, const unsigned char *p, size_t n) {
         nx[i] = nx[j];
         if (nx[j] >= 0) pv[nx[j]] = i;
         if (pv[i] >= 0 && w[pv[i]] >= 0 && (g = mf_hf_merge(h, w[pv[i]], w[i])))
-            mf_hf_heap_push(heap, &hn, (uint64_t)g->rank << 32 | (uint32_t)pv[i]);
+            mf_tok_heap_push(heap, &hn, (uint64_t)g->rank << 32 | (uint32_t)pv[i]);
         if (nx[i] >= 0 && w[nx[i]] >= 0 && (g = mf_hf_merge(h, w[i], w[nx[i]])))
-            mf_hf_heap_push(heap, &hn, (uint64_t)g->rank << 32 | (uint32_t)i);
+            mf_tok_heap_push(heap, &hn, (uint64_t)g->rank << 32 | (uint32_t)i);
     }
     for (int32_t i = 0; i >= 0; i = nx[i])
         if (mf_hf_out_sym(e, p, w[i], st[i], ln[i])) return -1;

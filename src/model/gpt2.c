@@ -613,12 +613,12 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     }
     if (llama) {
         /* rotary cos/sin for the positions a forward can have (the run-time
-         * guard allows fewer, longer sequences up to B x T tokens); filled
-         * in the embedding phase, read by every block, forward and backward */
+         * guard allows fewer, longer sequences up to B x T tokens); kept
+         * for the whole run, so it is computed again only when a forward's
+         * sequence length differs from the last one's */
         int64_t tmax = N < d->maxT ? N : d->maxT;
         m->rope_T = (int)tmax;
-        int lastr = train ? mf_phase_layer_bwd(m, 0) : mf_phase_layer_fwd(m, L - 1);
-        m->rope = add(&ad, "work.rope", MF_CAT_WORK, MF_DTYPE_F32, 2, tmax, d->hd, 0, 0, mf_phase_emb_fwd(m), lastr, -1);
+        m->rope = add(&ad, "work.rope", MF_CAT_WORK, MF_DTYPE_F32, 2, tmax, d->hd, 0, 0, 0, last, -1);
     }
     if (nlora) {
         /* LoRA scratch: the low-rank product (rebuilt in backward, so no

@@ -164,7 +164,9 @@ void mf_embed_backward(float *dwte, const float *dout, const int32_t *inp, int N
 }
 
 void mf_llama_rope_fill(mf_model *m, mf_arena *a, int T) {
+    if (m->rope_filled == T) return;  /* the table for T positions is already there */
     mf_rope_table(BUF(m->rope), T, m->d.hd, m->d.rope_theta, &m->d.rope);
+    m->rope_filled = T;
 }
 
 void mf_llama_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute, int write_out) {
