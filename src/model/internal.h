@@ -1,9 +1,16 @@
 /* What the model's files share and nothing outside src/model/ sees: the
- * tensor and activation accessors the family blocks (gpt2.c, llama.c) use
- * inside a step. */
+ * plan's derived facts the step needs (plan.c), the tensor and activation
+ * accessors the blocks use inside a step. */
 #ifndef MEMFIT_MODEL_INTERNAL_H
 #define MEMFIT_MODEL_INTERNAL_H
 #include "memfit/model.h"
+
+/* plan.c: whether gradients live only in the phases that build them
+ * (update_in_backward, ZeRO 2); the GEMM library's and the quantised
+ * base's scratch bytes for the largest GEMM on N rows. */
+int mf_model_grads_transient(const mf_model *m);
+size_t mf_model_gemm_scratch_need(const mf_model *m, int N);
+size_t mf_model_quant_scratch_need(const mf_model *m, int N);
 
 /* Tensor i's parameters (under ZeRO 3 the row gathered for this phase) and
  * its gradient (NULL for a frozen weight). */

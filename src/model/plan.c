@@ -1,0 +1,706 @@
+/* The model's plan: every tensor (with its role, its gradient, its
+ * optimizer state, its ZeRO shard and 16-bit copies), every activation row
+ * with its slot and lifetime under the recompute policy, and the work rows
+ * of a step, declared to the planner (mf_plan_add) from the dims alone.
+ * The estimate, the arena layout, the ledger and the report all read these
+ * rows; the step code (blocks.c, driver.c) only looks them up.
+ *
+ * Phases of a micro-step (lifetimes in the plan are ranges of these):
+ *   0            embedding forward
+ *   1 .. L       layer l forward at 1+l
+ *   L+1          head forward (final norm; logits, loss and the
+ *                classifier's backward, a chunk of rows at a time)
+ *   L+2          head backward
+ *   L+3 .. 2L+2  layer l backward at 2L+2-l (top layer first)
+ *   2L+3         embedding backward
+ *   2L+4         optimizer
+ * Forward-only plans (sampling, evaluation) have phases 0 .. L+1 and keep a
+ * layer's activations only while that layer runs. */
+#include "internal.h"
+#include "memfit/dist.h"
+#include "memfit/half.h"
+#include "memfit/kernels.h"
+#include "memfit/quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int mf_recompute_parse(const char *s, mf_recompute *out) {
+    out->every = 0;
+    if (strcmp(s, "none") == 0) out->policy = MF_RECOMPUTE_NONE;
+    else if (strcmp(s, "selective") == 0) out->policy = MF_RECOMPUTE_SELECTIVE;
+    else if (strcmp(s, "full") == 0) out->policy = MF_RECOMPUTE_EVERY, out->every = 1;
+    else if (strcmp(s, "sqrt") == 0) out->policy = MF_RECOMPUTE_SQRT;
+    else if (strcmp(s, "auto") == 0) out->policy = MF_RECOMPUTE_AUTO;
+    else if (strncmp(s, "every:", 6) == 0) {
+        char *end;
+        long n = strtol(s + 6, &end, 10);
+        if (s[6] == 0 || *end || n < 1 || n > 1 << 20)
+            return mf_fail("recompute '%s': every:N needs a whole number N >= 1", s);
+        out->policy = MF_RECOMPUTE_EVERY;
+        out->every = (int)n;
+    } else return mf_fail("recompute '%s' is not one of none, selective, full, every:N, sqrt, auto", s);
+    return 0;
+}
+
+int mf_phase_emb_fwd(const mf_model *m) { (void)m; return 0; }
+int mf_phase_layer_fwd(const mf_model *m, int l) { (void)m; return 1 + l; }
+int mf_phase_head_fwd(const mf_model *m) { return m->d.L + 1; }
+int mf_phase_head_bwd(const mf_model *m) { return m->d.L + 2; }
+int mf_phase_layer_bwd(const mf_model *m, int l) { return 2 * m->d.L + 2 - l; }
+int mf_phase_emb_bwd(const mf_model *m) { return 2 * m->d.L + 3; }
+int mf_phase_optim(const mf_model *m) { return 2 * m->d.L + 4; }
+
+int mf_model_n_phases(const mf_dims *d, mf_mode mode) {
+    return mode == MF_MODE_TRAIN ? 2 * d->L + 5 : d->L + 2;
+}
+
+const char *mf_phase_name(const mf_model *m, int ph, char *buf, size_t n) {
+    int L = m->d.L;
+    if (ph == 0) snprintf(buf, n, "embed fwd");
+    else if (ph <= L) snprintf(buf, n, "layer %d fwd", ph - 1);
+    else if (ph == L + 1) snprintf(buf, n, "head fwd");
+    else if (ph == L + 2) snprintf(buf, n, "head bwd");
+    else if (ph <= 2 * L + 2) snprintf(buf, n, "layer %d bwd", 2 * L + 2 - ph);
+    else if (ph == 2 * L + 3) snprintf(buf, n, "embed bwd");
+    else snprintf(buf, n, "optimizer");
+    return buf;
+}
+
+/* ---- plan ------------------------------------------------------------ */
+
+typedef struct {
+    mf_plan *plan;
+    int err;
+} adder;
+
+static int add(adder *ad, const char *name, mf_cat cat, mf_dtype dt, int ndim,
+               int64_t d0, int64_t d1, int64_t d2, int64_t d3, int first, int last, int layer) {
+    if (ad->err) return -1;
+    int64_t shape[4] = {d0, d1, d2, d3};
+    int id = mf_plan_add(ad->plan, name, cat, dt, ndim, shape, first, last, layer);
+    if (id < 0) ad->err = 1;
+    return id;
+}
+
+/* Gradients that live only in the phases that build them: consumed by the
+ * update as they complete (update_in_backward), or reduce-scattered into
+ * this rank's shard (ZeRO 2). */
+int mf_model_grads_transient(const mf_model *m) {
+    return m->opt.in_backward || (m->opt.zero >= 2 && m->opt.world > 1);
+}
+
+static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role role, int layer, int ndim,
+                            int64_t d0, int64_t d1, int64_t file_rows, int decay_2d) {
+    mf_tensor *t = &m->tensors[m->n_tensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->role = role;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim > 1 ? d1 : 1;
+    t->rows_file = file_rows;
+    t->numel = d0 * (ndim > 1 ? d1 : 1);
+    t->decay = decay_2d;
+    t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, role == MF_ROLE_EMB};
+    t->lo = 0;
+    t->hi = t->numel;
+    /* LoRA: the adapters are trainable (category adapter), the base is frozen */
+    t->lora = strstr(name, ".lora_") != NULL;
+    t->frozen = m->lora.r > 0 && !t->lora;
+    /* --base_dtype: the frozen Conv1D weights (2-D, inside a block) are
+     * stored quantised; embeddings, LayerNorms and biases stay fp32 */
+    t->qkind = t->frozen && ndim == 2 && layer >= 0 ? m->lora.base : 0;
+    /* a Llama's frozen embedding and head under a quantised base: bf16
+     * (a gather reads rows, so no block format; the issue's "bf16
+     * embeddings" for QLoRA). GPT-2 keeps them fp32. */
+    if (t->frozen && m->d.arch == MF_ARCH_LLAMA && m->lora.base && (role == MF_ROLE_EMB || role == MF_ROLE_HEAD))
+        t->qkind = MF_QUANT_BF16;
+    mf_cat pcat = t->lora ? MF_CAT_ADAPTER : MF_CAT_PARAMS, gcat = t->lora ? MF_CAT_ADAPTER : MF_CAT_GRADS;
+    int shard = m->opt.zero >= 1 && m->opt.world > 1;
+    if (shard) {
+        /* ZeRO: the optimizer sees only this rank's slice of the elements */
+        mf_dist_shard(t->numel, m->opt.world, m->opt.rank, &t->lo, &t->hi);
+        t->os = (mf_optim_shape){1, t->hi - t->lo, 1, 0};
+    }
+    int last = m->n_phases - 1;
+    char nm[96];
+    t->g = t->gs = t->ps = t->pb = t->mw = -1;
+    /* 16-bit precision: the GEMM weights (every matrix but wpe, which only
+     * the embedding adds) get a 16-bit compute row, plus an fp32 master
+     * row the optimizer updates; vectors stay fp32 (they are their own
+     * master) */
+    int h16 = m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS;
+    if (shard && m->opt.zero >= 3) {
+        /* ZeRO 3: a rank keeps its shard; the whole tensor is gathered
+         * into a row that lives only in the phases that read it. A block's
+         * rows live one phase earlier when prefetching: the phase before
+         * (the block below in forward, above in backward) starts the gather */
+        int p0 = 0, p1 = 0, b0 = -1, b1 = -1;
+        if (layer >= 0) {
+            p1 = mf_phase_layer_fwd(m, layer), b1 = mf_phase_layer_bwd(m, layer);
+            p0 = p1 - (m->prefetch ? 1 : 0), b0 = b1 - (m->prefetch ? 1 : 0);
+        }
+        else if (role == MF_ROLE_EMB) p1 = m->d.tied ? mf_phase_head_fwd(m) : 0;  /* embedding (and tied classifier) */
+        else if (role == MF_ROLE_HEAD) p0 = p1 = mf_phase_head_fwd(m);  /* its backward runs with the loss */
+        else if (role == MF_ROLE_NORMF)
+            p0 = p1 = mf_phase_head_fwd(m), b0 = b1 = mf_phase_head_bwd(m);
+        snprintf(nm, sizeof nm, "param_shard.%s", name);
+        t->ps = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, 1, t->hi - t->lo, 0, 0, 0, 0, last, layer);
+        t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, p0, p1, layer);
+        if (b0 >= 0) {
+            snprintf(nm, sizeof nm, "bwd.%s", name);
+            t->pb = add(ad, nm, MF_CAT_PARAMS, MF_DTYPE_F32, ndim, d0, d1, 0, 0, b0, b1, layer);
+        }
+    } else if (t->qkind)
+        t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_U8, 1, (int64_t)mf_quant_bytes(t->qkind, t->numel), 0, 0, 0, 0, last, layer);
+    else {
+        t->p = add(ad, name, pcat, h16 ? m->cdt : MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
+        if (h16 && m->opt.master) {
+            snprintf(nm, sizeof nm, "master.%s", name);
+            t->mw = add(ad, nm, MF_CAT_MASTER, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
+        }
+    }
+    for (int i = 0; i < MF_OPTIM_STATES; i++) t->st[i] = -1;
+    if (m->mode == MF_MODE_TRAIN && !t->frozen) {
+        /* with update_in_backward a gradient lives only from the phase
+         * that starts it to the phase that completes it (then the update
+         * consumes it): one layer's worth plus the tied embedding's */
+        int g0 = 0, g1 = last;
+        if (mf_model_grads_transient(m)) {
+            if (layer >= 0) g0 = g1 = mf_phase_layer_bwd(m, layer);
+            else if (role == MF_ROLE_EMB) g0 = m->d.tied ? mf_phase_head_fwd(m) : mf_phase_emb_bwd(m), g1 = mf_phase_emb_bwd(m);
+            else if (role == MF_ROLE_POS) g0 = g1 = mf_phase_emb_bwd(m);
+            else if (role == MF_ROLE_HEAD) g0 = g1 = mf_phase_head_fwd(m);  /* the untied head: with the loss */
+            else g0 = g1 = mf_phase_head_bwd(m);  /* ln_f */
+        }
+        snprintf(nm, sizeof nm, "grad.%s", name);
+        t->g = add(ad, nm, gcat, MF_DTYPE_F32, ndim, d0, d1, 0, 0, g0, g1, layer);
+        if (shard && m->opt.zero >= 2) {
+            snprintf(nm, sizeof nm, "grad_shard.%s", name);
+            t->gs = add(ad, nm, MF_CAT_GRADS, MF_DTYPE_F32, 1, t->hi - t->lo, 0, 0, 0, 0, last, layer);
+        }
+        if (!ad->err && mf_optim_plan(&m->opt, ad->plan, name, &t->os, 0, last, layer, t->st))
+            ad->err = 1;
+        for (int i = 0; t->lora && !ad->err && i < MF_OPTIM_STATES; i++)
+            if (t->st[i] >= 0) ad->plan->bufs[t->st[i]].cat = MF_CAT_ADAPTER;
+    }
+}
+
+static void add_tensor(mf_model *m, adder *ad, const char *name, int layer, int ndim, int64_t d0, int64_t d1,
+                       int64_t file_rows, int decay_2d) {
+    add_tensor_role(m, ad, name, MF_ROLE_LAYER, layer, ndim, d0, d1, file_rows, decay_2d);
+}
+
+/* Lifetimes of rebuilt slot s: [fwd[0], fwd[1]] while forward writes it,
+ * [bwd[0], bwd[1]] from the backward phase that rebuilds it to the last
+ * backward that reads it. `in` = the slot holds a residual input (written
+ * by the block below) rather than a block's own activation. */
+static void slot_life(const mf_model *m, int s, int in, int fwd[2], int bwd[2]) {
+    int L = m->d.L, seg = m->seg;
+    if (seg) {
+        int hi = s + (L - 1 - s) / seg * seg;            /* highest block using slot s */
+        int top = hi / seg * seg + seg - 1 < L - 1 ? hi / seg * seg + seg - 1 : L - 1;
+        fwd[0] = mf_phase_layer_fwd(m, in ? s - 1 : s);
+        fwd[1] = mf_phase_layer_fwd(m, hi);
+        bwd[0] = mf_phase_layer_bwd(m, top);             /* its segment is rebuilt here */
+        bwd[1] = mf_phase_layer_bwd(m, s);
+    } else {
+        int hi = m->auto_k ? m->auto_k - 1 : L - 1;       /* auto, or selective */
+        fwd[0] = mf_phase_layer_fwd(m, 0);
+        fwd[1] = mf_phase_layer_fwd(m, hi);
+        bwd[0] = mf_phase_layer_bwd(m, hi);
+        bwd[1] = mf_phase_layer_bwd(m, 0);
+    }
+}
+
+/* Every 16-bit GEMM shape the model makes on N rows with loss chunks of R
+ * rows: the block matmuls' forward (and backward when training) and the
+ * chunked head (sampling's head on 1 and on min(N, R) rows). fn gets
+ * (M, N, K, tA, tB, accumulate, bias) and returns nonzero to stop. */
+typedef int (*gemm_shape_fn)(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias);
+static int gemm_shapes(const mf_dims *d, int N, int R, int train, gemm_shape_fn fn, void *ctx) {
+    int C = d->C, Vp = d->Vp;
+    if (d->arch == MF_ARCH_LLAMA) {
+        /* nn.Linear (out, in): y = x W^T, dx (+)= dy W, dW += dy^T x; k, v
+         * and up add into the input gradient q, gate started */
+        int AO = d->NH * d->hd, KV = d->NKV * d->hd;
+        const int io[7][3] = {{C, AO, 0}, {C, KV, 1}, {C, KV, 1}, {AO, C, 0}, {C, d->ffn, 0}, {C, d->ffn, 1}, {d->ffn, C, 0}};
+        for (int k = 0; k < 7; k++) {
+            int ci = io[k][0], oc = io[k][1];
+            if (fn(ctx, N, oc, ci, 0, 1, k == 3 || k == 6, d->qkv_bias && k < 3)) return -1;
+            if (train && (fn(ctx, oc, ci, N, 1, 0, 1, 0) || fn(ctx, N, ci, oc, 0, 0, io[k][2], 0))) return -1;
+        }
+    } else {
+    /* (in, out) of the four block matmuls; accumulate for the residual ones */
+    const int io[4][3] = {{C, 3 * C, 0}, {C, C, 1}, {C, 4 * C, 0}, {4 * C, C, 1}};
+    for (int k = 0; k < 4; k++) {
+        int ci = io[k][0], oc = io[k][1];
+        if (fn(ctx, N, oc, ci, 0, 0, io[k][2], 1)) return -1;
+        if (train && (fn(ctx, ci, oc, N, 1, 0, 1, 0) || fn(ctx, N, ci, oc, 0, 1, 0, 0))) return -1;
+    }
+    }
+    int rows[3] = {R, 1, N < R ? N : R};
+    for (int k = 0; k < 3; k++)
+        if (fn(ctx, rows[k], Vp, C, 0, 1, 0, 0)) return -1;
+    if (!train) return 0;
+    int rl[2] = {R, N % R};  /* the last chunk may be shorter */
+    for (int k = 0; k < 2; k++) {
+        if (!rl[k]) continue;
+        if (fn(ctx, rl[k], Vp, C, 0, 1, 0, 0) || fn(ctx, rl[k], C, Vp, 0, 0, 0, 0) || fn(ctx, Vp, C, rl[k], 1, 0, 1, 0))
+            return -1;
+    }
+    return 0;
+}
+
+typedef struct { mf_dtype dt; size_t mx; } scratch_ctx;
+static int scratch_max(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias) {
+    scratch_ctx *c = ctx;
+    size_t s;
+    if (c->dt == MF_DTYPE_F32) {
+        /* fp32: forward GEMMs run with beta 0 (fused kernels) or 1 (bias
+         * put in first, or a residual accumulated) */
+        s = mf_sgemm_scratch_bytes(tA, tB, M, N, K, acc || bias ? 1.0f : 0.0f);
+        size_t s0 = bias && !acc && s != SIZE_MAX ? mf_sgemm_scratch_bytes(tA, tB, M, N, K, 0.0f) : 0;
+        if (s0 == SIZE_MAX || s0 > s) s = s0;
+    } else
+        s = mf_gemm16_scratch_bytes(c->dt, M, N, K, tA, tB, acc, bias);
+    if (s == SIZE_MAX) { c->mx = SIZE_MAX; return -1; }
+    if (s > c->mx) c->mx = s;
+    return 0;
+}
+
+/* Scratch bytes of the largest GEMM the model makes (fp32: through
+ * mf_sgemm's matmul backend, 0 for the others); SIZE_MAX with mf_error set
+ * if the library cannot run one. */
+size_t mf_model_gemm_scratch_need(const mf_model *m, int N) {
+    scratch_ctx c = {m->cdt, 0};
+    gemm_shapes(&m->d, N, m->chunk_rows, m->mode == MF_MODE_TRAIN, scratch_max, &c);
+    return c.mx;
+}
+
+static int warm_one(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias) {
+    mf_dtype dt = *(const mf_dtype *)ctx;
+    size_t sb = mf_gemm16_scratch_bytes(dt, M, N, K, tA, tB, acc, bias);
+    if (sb == SIZE_MAX) return -1;
+    void *a = calloc((size_t)M * K, 2), *b = calloc((size_t)K * N, 2), *s = calloc(sb ? sb : 1, 1);
+    float *c = calloc((size_t)M * N, sizeof(float)), *bi = calloc((size_t)N, sizeof(float));
+    if (a && b && s && c && bi) mf_gemm16(dt, c, a, b, bias ? bi : NULL, M, N, K, tA, tB, acc, s, sb ? sb : 1);
+    free(a); free(b); free(s); free(c); free(bi);
+    return 0;
+}
+
+int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss_chunk, int train) {
+    if (dt == MF_DTYPE_F32) return 0;
+    int64_t N = (int64_t)B * T, R = loss_chunk > 0 && loss_chunk < N ? loss_chunk : N;
+    if (R < B) R = B;
+    return gemm_shapes(d, (int)N, (int)R, train, warm_one, &dt);
+}
+
+/* Scratch bytes of the largest quantised-base GEMM on N rows: GPT-2's four
+ * Conv1D matmuls; a Llama's seven projections and its bf16 head (a chunk
+ * of rows at a time). */
+size_t mf_model_quant_scratch_need(const mf_model *m, int N) {
+    const mf_dims *d = &m->d;
+    size_t mx = 0, b;
+    if (d->arch == MF_ARCH_LLAMA) {
+        for (int k = MF_LORA_Q_PROJ; k <= MF_LORA_DOWN_PROJ; k++) {
+            int in, out;
+            mf_model_lora_dims(d, k, &in, &out);
+            if ((b = mf_quant_linear_scratch_bytes(m->lora.base, N, in, out)) > mx) mx = b;
+        }
+        int R = N < m->chunk_rows ? N : m->chunk_rows;
+        if ((b = mf_quant_linear_scratch_bytes(MF_QUANT_BF16, R, d->C, d->Vp)) > mx) mx = b;
+        return mx;
+    }
+    static const int kin[4] = {1, 1, 1, 4}, kout[4] = {3, 1, 4, 1};
+    for (int k = 0; k < 4; k++)
+        if ((b = mf_quant_matmul_scratch_bytes(m->lora.base, N, kin[k] * d->C, kout[k] * d->C)) > mx) mx = b;
+    return mx;
+}
+
+/* GPT-2's tensors under its HF names, Conv1D (in, out) layout: wte, wpe,
+ * per block (mf_model.lt order) ln_1, c_attn (q|k|v in one matrix),
+ * attn.c_proj, ln_2, c_fc, mlp.c_proj, each with its bias; ln_f. */
+static void declare_gpt2_tensors(mf_model *m, adder *ad) {
+    const mf_dims *d = &m->d;
+    int64_t C = d->C;
+    add_tensor_role(m, ad, "wte.weight", MF_ROLE_EMB, -1, 2, d->Vp, C, d->V, 1);
+    m->t_pos = m->n_tensors;
+    add_tensor_role(m, ad, "wpe.weight", MF_ROLE_POS, -1, 2, d->maxT, C, d->maxT, 1);
+    m->t_layer0 = m->n_tensors, m->nlt = MF_LAYER_TENSORS;
+    for (int l = 0; l < d->L; l++) {
+        char nm[48];
+#define LT(suffix, nd, a0, a1, dec) \
+        snprintf(nm, sizeof nm, "h.%d." suffix, l); add_tensor(m, ad, nm, l, nd, a0, a1, a0, dec)
+        LT("ln_1.weight", 1, C, 0, 0);
+        LT("ln_1.bias", 1, C, 0, 0);
+        LT("attn.c_attn.weight", 2, C, 3 * C, 1);
+        LT("attn.c_attn.bias", 1, 3 * C, 0, 0);
+        LT("attn.c_proj.weight", 2, C, C, 1);
+        LT("attn.c_proj.bias", 1, C, 0, 0);
+        LT("ln_2.weight", 1, C, 0, 0);
+        LT("ln_2.bias", 1, C, 0, 0);
+        LT("mlp.c_fc.weight", 2, C, 4 * C, 1);
+        LT("mlp.c_fc.bias", 1, 4 * C, 0, 0);
+        LT("mlp.c_proj.weight", 2, 4 * C, C, 1);
+        LT("mlp.c_proj.bias", 1, C, 0, 0);
+#undef LT
+    }
+    m->t_normf = m->n_tensors, m->n_normf = 2;
+    add_tensor_role(m, ad, "ln_f.weight", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
+    add_tensor_role(m, ad, "ln_f.bias", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
+}
+
+/* The Llama family's tensors under Hugging Face's names, in nn.Linear
+ * (out, in) layout: embed_tokens, per block (mf_model.lt order) the
+ * attention norm, q/k/v (biases for Qwen2), o, the MLP norm, gate, up,
+ * down; the final norm; lm_head when untied. */
+static void declare_llama_tensors(mf_model *m, adder *ad) {
+    const mf_dims *d = &m->d;
+    int64_t C = d->C, AO = (int64_t)d->NH * d->hd, KV = (int64_t)d->NKV * d->hd, I = d->ffn;
+    add_tensor_role(m, ad, "model.embed_tokens.weight", MF_ROLE_EMB, -1, 2, d->Vp, C, d->V, 1);
+    m->t_layer0 = m->n_tensors;
+    static const char *const nm_[MF_LT_COUNT] = {
+        "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight",
+        "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.o_proj.weight",
+        "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    const int64_t rows[MF_LT_COUNT] = {C, AO, AO, KV, KV, KV, KV, C, C, I, I, C};
+    const int64_t cols[MF_LT_COUNT] = {0, C, 0, C, 0, C, 0, AO, 0, C, C, I};
+    int n = 0;
+    for (int k = 0; k < MF_LT_COUNT; k++) {
+        int bias = k == MF_LT_QB || k == MF_LT_KB || k == MF_LT_VB;
+        m->lt[k] = bias && !d->qkv_bias ? -1 : n++;
+    }
+    m->nlt = n;
+    for (int l = 0; l < d->L; l++)
+        for (int k = 0; k < MF_LT_COUNT; k++) {
+            if (m->lt[k] < 0) continue;
+            char nm[96];
+            snprintf(nm, sizeof nm, "model.layers.%d.%s", l, nm_[k]);
+            add_tensor(m, ad, nm, l, cols[k] ? 2 : 1, rows[k], cols[k], rows[k], cols[k] ? 1 : 0);
+        }
+    m->t_normf = m->n_tensors, m->n_normf = 1;
+    add_tensor_role(m, ad, "model.norm.weight", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
+    if (!d->tied) {
+        m->t_head = m->n_tensors;
+        add_tensor_role(m, ad, "lm_head.weight", MF_ROLE_HEAD, -1, 2, d->Vp, C, d->V, 1);
+    }
+}
+
+int mf_model_plan(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
+                  mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute,
+                  const mf_optim *opt) {
+    return mf_model_plan_lora(m, plan, d, B, T, mode, nthreads, loss_chunk, recompute, opt, NULL);
+}
+
+int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int T,
+                       mf_mode mode, int nthreads, int loss_chunk, mf_recompute recompute,
+                       const mf_optim *opt, const mf_lora_cfg *lora) {
+    memset(m, 0, sizeof *m);
+    if (mode == MF_MODE_TRAIN && !opt) return mf_fail("a training plan needs an optimizer");
+    if (opt) m->opt = *opt;
+    if (lora && lora->r > 0) {
+        m->lora = *lora;
+        /* combinations that iterate gradients LoRA's frozen base does not have */
+        if (mode == MF_MODE_TRAIN && opt->world > 1)
+            return mf_fail("lora: data parallel (mpirun, zero %d) is not supported with LoRA yet; train in one process", opt->zero);
+        if (mode == MF_MODE_TRAIN && opt->in_backward)
+            return mf_fail("lora: update_in_backward is not supported with LoRA (the adapters' state is small); drop it");
+        if (mode == MF_MODE_TRAIN && opt->offload_path[0])
+            return mf_fail("lora: optimizer offload is not supported with LoRA (the adapters' state is small); drop --offload");
+        if (mode == MF_MODE_TRAIN && opt->compute != MF_DTYPE_F32)
+            return mf_fail("lora: --precision %s is not supported with LoRA yet (use fp32 compute; --base_dtype stores the "
+                           "frozen base in bf16, int8 or nf4)", opt->compute == MF_DTYPE_BF16 ? "bf16" : "fp16");
+    }
+    int llama = d->arch == MF_ARCH_LLAMA;
+    if (lora && lora->r > 0) {
+        /* each family's own modules; without targets= PEFT's defaults
+         * (GPT-2: c_attn; Llama: q_proj, v_proj) */
+        unsigned own = llama ? MF_LORA_LLAMA_TARGETS : MF_LORA_GPT2_TARGETS;
+        if (!m->lora.targets_given && llama) m->lora.targets = 1u << MF_LORA_Q_PROJ | 1u << MF_LORA_V_PROJ;
+        if (m->lora.targets & ~own) {
+            char tg[160];
+            return mf_fail("lora: targets %s are not modules of a %s model (its targets: %s)",
+                           mf_lora_targets_str(&m->lora, tg, sizeof tg), llama ? "Llama-family" : "GPT-2",
+                           llama ? "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
+                                 : "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj");
+        }
+    }
+    m->lora_u = m->lora_du = m->lora_xf = m->lora_xb = m->qscr_f = m->qscr_b = -1;
+    m->comm = -1;
+    m->rope = -1;
+    m->pf_first = -1;
+    const char *pf = getenv("MEMFIT_ZERO_PREFETCH");
+    m->prefetch = !(pf && strcmp(pf, "0") == 0);
+    m->cdt = mode == MF_MODE_TRAIN ? m->opt.compute : MF_DTYPE_F32;  /* forward-only plans are fp32 */
+    m->in16 = m->dout16 = m->dlogits16 = m->gemm_scratch = m->upd32 = -1;
+    if (m->cdt != MF_DTYPE_F32 && m->opt.zero >= 1 && m->opt.world > 1)
+        return mf_fail("precision %s with zero %d: ZeRO sharding of 16-bit weights is not supported yet (use zero 0 "
+                       "or precision fp32)", m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16", m->opt.zero);
+    if (B < 1 || T < 1) return mf_fail("batch and seq must be >= 1 (got %d, %d)", B, T);
+    if (T > d->maxT) return mf_fail("seq %d exceeds the model's block_size %d", T, d->maxT);
+    m->d = *d;
+    m->B = B;
+    m->T = T;
+    m->mode = mode;
+    m->nthreads = nthreads;
+    m->recompute = recompute;
+    /* checkpointed segments of `seg` blocks: only each segment's input is
+     * kept; "full" is segments of one block, "sqrt" of ceil(sqrt(L)) blocks
+     * (Chen et al. 2016, section 3) */
+    int seg = 0;
+    if (mode == MF_MODE_TRAIN && recompute.policy == MF_RECOMPUTE_EVERY) seg = recompute.every < d->L ? recompute.every : d->L;
+    if (mode == MF_MODE_TRAIN && recompute.policy == MF_RECOMPUTE_SQRT) seg = (int)ceil(sqrt((double)d->L) - 1e-9);
+    m->seg = seg;
+    m->auto_k = mode == MF_MODE_TRAIN && recompute.policy == MF_RECOMPUTE_AUTO ? recompute.every : 0;
+    if (m->auto_k > d->L) m->auto_k = d->L;
+    /* rows of logits that exist at once; at least one per sequence so a
+     * sampling forward can hold each sequence's last position */
+    int64_t R = loss_chunk > 0 && loss_chunk < B * T ? loss_chunk : (int64_t)B * T;
+    m->chunk_rows = (int)(R < B ? B : R);
+    m->n_phases = mf_model_n_phases(d, mode);
+    if (plan->n_phases != m->n_phases) return mf_fail("plan has %d phases, model needs %d", plan->n_phases, m->n_phases);
+    int L = d->L;
+    int64_t C = d->C, N = (int64_t)B * T, NH = d->NH;
+    /* widths: q|k|v rows, attention output, MLP hidden */
+    int64_t QKV = (int64_t)(d->NH + 2 * d->NKV) * d->hd, AO = (int64_t)d->NH * d->hd, I = d->ffn;
+    int nlora = m->lora.r > 0 ? 2 * L * mf_lora_n_targets(&m->lora) : 0;
+    m->tensors = calloc((size_t)(2 + L * MF_LAYER_TENSORS + 3 + nlora), sizeof *m->tensors);
+    m->res = calloc(2 * ((size_t)L + 1), sizeof *m->res);
+    m->rres = m->res ? m->res + L + 1 : NULL;
+    m->acts = calloc(2 * (size_t)L, sizeof *m->acts);
+    m->racts = m->acts ? m->acts + L : NULL;
+    if (!m->tensors || !m->res || !m->acts) { mf_model_free(m); return mf_fail("out of memory for the model table"); }
+    adder ad = {plan, 0};
+    int train = mode == MF_MODE_TRAIN, last = m->n_phases - 1;
+
+    /* weights (and in training their gradients and AdamW moments) */
+    m->t_emb = 0;
+    m->t_pos = m->t_head = -1;
+    if (llama) declare_llama_tensors(m, &ad);
+    else declare_gpt2_tensors(m, &ad);
+    /* LoRA adapters, as PEFT stores them: lora_A (r, in), lora_B (out, r) */
+    m->lora_first = m->n_tensors;
+    for (int l = 0; l < L && nlora; l++)
+        for (int k = 0; k < MF_LORA_TARGETS; k++) {
+            if (!(m->lora.targets >> k & 1)) continue;
+            int in, out, r = m->lora.r;
+            char nm[96];
+            const char *pre = llama ? "model.layers" : "h";
+            mf_model_lora_dims(d, k, &in, &out);
+            snprintf(nm, sizeof nm, "%s.%d.%s.lora_A.weight", pre, l, mf_lora_target_path(k));
+            add_tensor(m, &ad, nm, l, 2, r, in, r, 1);
+            snprintf(nm, sizeof nm, "%s.%d.%s.lora_B.weight", pre, l, mf_lora_target_path(k));
+            add_tensor(m, &ad, nm, l, 2, out, r, out, 1);
+        }
+
+    /* loader buffers */
+    m->inputs = add(&ad, "data.inputs", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
+    m->targets = add(&ad, "data.targets", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
+
+    /* Activations. A row backward needs is either kept (one per layer,
+     * alive from the layer's forward to its backward) or rebuilt: forward
+     * writes it to a slot alive over the forward phases only, and backward
+     * rebuilds it into a second slot alive over the backward phases only,
+     * so neither exists while the head runs. Slots are shared by index:
+     * every recomputed block under `full`/`auto`/`selective` uses slot 0,
+     * block l of a checkpointed segment uses slot l % seg. res/acts are
+     * what the forward pass uses, rres/racts what backward uses (the same
+     * rows for kept activations). */
+    char nm[64];
+    int fw[2], bw[2];
+    for (int j = 0; j <= L; j++) {
+        if (seg && j % seg && j != L) {
+            /* inside a segment: refilled by the segment's recomputation */
+            int s = j % seg;
+            if (j < seg) {
+                slot_life(m, s, 1, fw, bw);
+                snprintf(nm, sizeof nm, "act.slot%d.fwd.in", s);
+                m->res[j] = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, fw[0], fw[1], -1);
+                snprintf(nm, sizeof nm, "act.slot%d.bwd.in", s);
+                m->rres[j] = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, bw[0], bw[1], -1);
+            } else m->res[j] = m->res[s], m->rres[j] = m->rres[s];
+            continue;
+        }
+        int first = j == 0 ? 0 : mf_phase_layer_fwd(m, j - 1);
+        /* res[j] feeds layer j (its LayerNorm input) or the head when j == L */
+        int lastp = train ? (j < L ? mf_phase_layer_bwd(m, j) : mf_phase_head_bwd(m))
+                          : (j < L ? mf_phase_layer_fwd(m, j) : mf_phase_head_fwd(m));
+        snprintf(nm, sizeof nm, j == 0 ? "act.embed" : "act.h.%d.out", j - 1);
+        m->res[j] = m->rres[j] = add(&ad, nm, MF_CAT_ACTS, MF_DTYPE_F32, 2, N, C, 0, 0, first, lastp, j - 1);
+    }
+    /* "full"/every:N/sqrt/auto rebuild whole blocks; "selective" rebuilds
+     * the cheap element-wise outputs (LayerNorm outputs, GELU output) and
+     * keeps the matmul outputs. A GELU output rebuilt right before its own
+     * layer's backward needs no row at all: it lives in work.dmlp, whose
+     * first use in backward (c_proj's weight gradient) reads it before the
+     * input gradient overwrites it. Only non-top blocks of a segment keep
+     * theirs in a slot until their backward. */
+    int sel = train && m->recompute.policy == MF_RECOMPUTE_SELECTIVE;
+    for (int l = 0; l < L; l++) {
+        int f = mf_phase_layer_fwd(m, l), e = train ? mf_phase_layer_bwd(m, l) : f;
+        int whole = l < m->auto_k || seg, s = seg ? l % seg : 0;
+        int in_dmlp = !seg || s == seg - 1;
+        if (whole || sel) slot_life(m, s, 0, fw, bw);
+        mf_layer_acts *A = &m->acts[l], *R = &m->racts[l];
+        /* forward slots are used within the layer's forward only, so a
+         * row whose value is dead by then takes over its bytes: attention's
+         * output and ln_2 reuse ln_1's row, GELU runs in place on fch */
+        /* (an alias is taken only when the dtypes match) */
+#define ACT(field, cheap, fwd_alias, dt_, nd, a0, a1, a2, a3) \
+        if (whole || (sel && (cheap))) { \
+            if (l == s) { \
+                A->field = fwd_alias; \
+                if (A->field >= 0 && plan->bufs[A->field].dtype != (dt_)) A->field = -1; \
+                if (A->field < 0) { \
+                    snprintf(nm, sizeof nm, "act.slot%d.fwd." #field, s); \
+                    A->field = add(&ad, nm, MF_CAT_ACTS, dt_, nd, a0, a1, a2, a3, fw[0], fw[1], -1); \
+                } \
+                R->field = -1; \
+                if (!(in_dmlp && strcmp(#field, "fch_gelu") == 0)) { \
+                    snprintf(nm, sizeof nm, "act.slot%d.bwd." #field, s); \
+                    R->field = add(&ad, nm, MF_CAT_ACTS, dt_, nd, a0, a1, a2, a3, bw[0], bw[1], -1); \
+                } \
+            } else A->field = m->acts[s].field, R->field = m->racts[s].field; \
+        } else { \
+            snprintf(nm, sizeof nm, "act.h.%d." #field, l); \
+            A->field = R->field = add(&ad, nm, MF_CAT_ACTS, dt_, nd, a0, a1, a2, a3, f, e, l); \
+        }
+        /* 16-bit precision: the outputs GEMMs read (ln_1, ln_2, GELU) are
+         * kept in 16 bits; the attention output stays fp32 (the attention
+         * backward reads it) and is rounded into in16 for its GEMM */
+        const mf_dtype F = MF_DTYPE_F32, H = m->cdt;
+        /* (Llama: RMSNorm keeps no mean; fch is the gate projection,
+         * up the up projection, fch_gelu silu(gate) * up, in place on the
+         * gate's row when the whole block is rebuilt) */
+        A->ln1_mean = R->ln1_mean = A->ln2_mean = R->ln2_mean = A->up = R->up = -1;
+        ACT(ln1, 1, -1, H, 2, N, C, 0, 0);
+        if (!llama) { ACT(ln1_mean, 0, -1, F, 1, N, 0, 0, 0); }
+        ACT(ln1_rstd, 0, -1, F, 1, N, 0, 0, 0);
+        ACT(qkv, 0, -1, F, 2, N, QKV, 0, 0);
+        ACT(lse, 0, -1, F, 3, B, NH, T, 0);
+        ACT(atty, 0, A->ln1 >= 0 && plan->bufs[A->ln1].bytes >= (size_t)(N * AO * 4) ? A->ln1 : -1, F, 2, N, AO, 0, 0);
+        ACT(xmid, 0, -1, F, 2, N, C, 0, 0);
+        ACT(ln2, 1, A->ln1, H, 2, N, C, 0, 0);
+        if (!llama) { ACT(ln2_mean, 0, -1, F, 1, N, 0, 0, 0); }
+        ACT(ln2_rstd, 0, -1, F, 1, N, 0, 0, 0);
+        ACT(fch, 0, -1, F, 2, N, I, 0, 0);
+        if (llama) { ACT(up, 0, -1, F, 2, N, I, 0, 0); }
+        ACT(fch_gelu, 1, whole ? A->fch : -1, H, 2, N, I, 0, 0);
+#undef ACT
+    }
+    int hf = mf_phase_head_fwd(m), hb = train ? mf_phase_head_bwd(m) : hf;
+    m->lnf = add(&ad, "act.ln_f", MF_CAT_ACTS, m->cdt, 2, N, C, 0, 0, hf, hb, -1);
+    m->lnf_mean = llama ? -1 : add(&ad, "act.ln_f_mean", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
+    m->lnf_rstd = add(&ad, "act.ln_f_rstd", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
+    /* the classifier and its loss run a chunk of rows at a time, backward
+     * included, so at most chunk_rows x Vp logits exist, only in this phase */
+    m->logits = add(&ad, "work.logits", MF_CAT_WORK, MF_DTYPE_F32, 2, m->chunk_rows, d->Vp, 0, 0, hf, hf, -1);
+    m->losses = add(&ad, "work.losses", MF_CAT_WORK, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hf, -1);
+
+    /* offloaded optimizer state streams through two windows that exist
+     * only in the optimizer phase, so they reuse activation bytes */
+    m->offload_win[0] = m->offload_win[1] = -1;
+    if (train && m->opt.offload_path[0])
+        for (int i = 0; i < 2; i++) {
+            snprintf(nm, sizeof nm, "offload.window%d", i);
+            m->offload_win[i] = add(&ad, nm, MF_CAT_OFFLOAD, MF_DTYPE_U8, 1, (int64_t)m->opt.offload_window, 0, 0, 0,
+                                    mf_phase_optim(m), mf_phase_optim(m), -1);
+        }
+    m->dres = m->dln = m->dbig = m->dqkv = m->attn_scratch = -1;
+    if (train) {
+        /* one layer's worth of activation gradients, reused down the stack */
+        int h0 = mf_phase_head_bwd(m), l0 = mf_phase_layer_bwd(m, L - 1), l1 = mf_phase_layer_bwd(m, 0);
+        m->dres = add(&ad, "work.dresidual", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, h0, mf_phase_emb_bwd(m), -1);
+        m->dln = add(&ad, "work.dln", MF_CAT_WORK, MF_DTYPE_F32, 2, N, AO > C ? AO : C, 0, 0, hf, l1, -1);
+        m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, I, 0, 0, l0, l1, -1);
+        m->dqkv = add(&ad, "work.dqkv", MF_CAT_WORK, MF_DTYPE_F32, 2, N, QKV, 0, 0, l0, l1, -1);
+        /* sized for the model's longest sequence, not T, so a batch of
+         * longer sequences (fewer rows) fits the plan: the trainer's
+         * run-time split (mf_model_fits); nthreads x (block_size - T) floats */
+        m->attn_scratch = add(&ad, "work.attn_bwd", MF_CAT_WORK, MF_DTYPE_F32, 1,
+                              (int64_t)mf_flash_attention_scratch_floats(d->maxT, d->hd, nthreads), 0, 0, 0, l0, l1, -1);
+    }
+    if (llama) {
+        /* rotary cos/sin for the positions a forward can have (the run-time
+         * guard allows fewer, longer sequences up to B x T tokens); kept
+         * for the whole run, so it is computed again only when a forward's
+         * sequence length differs from the last one's */
+        int64_t tmax = N < d->maxT ? N : d->maxT;
+        m->rope_T = (int)tmax;
+        m->rope = add(&ad, "work.rope", MF_CAT_WORK, MF_DTYPE_F32, 2, tmax, d->hd, 0, 0, 0, last, -1);
+    }
+    if (nlora) {
+        /* LoRA scratch: the low-rank product (rebuilt in backward, so no
+         * activation rows), and dropout(x) in forward and in backward phases */
+        int f0 = mf_phase_layer_fwd(m, 0), f1 = mf_phase_layer_fwd(m, L - 1);
+        int b0 = train ? mf_phase_layer_bwd(m, L - 1) : f0, b1 = train ? mf_phase_layer_bwd(m, 0) : f1;
+        int64_t win = 0;
+        for (int k = 0; k < MF_LORA_TARGETS; k++) {
+            int in, out;
+            mf_model_lora_dims(d, k, &in, &out);
+            if (m->lora.targets >> k & 1 && in > win) win = in;
+        }
+        m->lora_u = add(&ad, "work.lora_u", MF_CAT_WORK, MF_DTYPE_F32, 2, N, m->lora.r, 0, 0, f0, b1, -1);
+        if (train) m->lora_du = add(&ad, "work.lora_du", MF_CAT_WORK, MF_DTYPE_F32, 2, N, m->lora.r, 0, 0, b0, b1, -1);
+        if (train && m->lora.dropout > 0) {
+            m->lora_xf = add(&ad, "work.lora_drop.fwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, f0, f1, -1);
+            m->lora_xb = add(&ad, "work.lora_drop.bwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, b0, b1, -1);
+        }
+        if (m->lora.base) {
+            /* quantised base: the tile of dequantised rows the GEMMs use
+             * (a Llama's bf16 head too, so it lives into the head phase) */
+            int64_t qs = (int64_t)mf_model_quant_scratch_need(m, (int)N);
+            m->qscr_bytes = (size_t)qs;
+            m->qscr_f = add(&ad, "work.quant_gemm.fwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, f0,
+                            llama ? mf_phase_head_fwd(m) : f1, -1);
+            if (train) m->qscr_b = add(&ad, "work.quant_gemm.bwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, b0, b1, -1);
+        }
+    }
+    if (m->cdt != MF_DTYPE_F32 && !ad.err) {
+        /* 16-bit: rounded GEMM operands that are not kept */
+        int g0 = mf_phase_layer_fwd(m, 0), g1 = train ? mf_phase_layer_bwd(m, 0) : hf;
+        /* the attention output rounded for the output projection; every
+         * GEMM's output gradient rounded (the widest: GPT-2's 4C, a
+         * Llama's MLP width or its query heads) */
+        int64_t dw16 = I > AO ? I : AO;
+        if (dw16 < C) dw16 = C;
+        m->in16 = add(&ad, "work.gemm_in16", MF_CAT_WORK, m->cdt, 2, N, AO > C ? AO : C, 0, 0, g0, g1, -1);
+        if (train) {
+            m->dout16 = add(&ad, "work.gemm_dout16", MF_CAT_WORK, m->cdt, 2, N, dw16, 0, 0,
+                            mf_phase_layer_bwd(m, L - 1), g1, -1);
+            m->dlogits16 = add(&ad, "work.dlogits16", MF_CAT_WORK, m->cdt, 2, m->chunk_rows, d->Vp, 0, 0, hf, hf, -1);
+        }
+        if (train && !m->opt.master) {
+            /* master_weights 0: each 16-bit tensor is widened here, updated,
+             * and rounded back stochastically; the largest is wte */
+            int64_t mx = 0;
+            for (int i = 0; i < m->n_tensors; i++)
+                if (mf_tensor_is16(m, &m->tensors[i]) && m->tensors[i].numel > mx) mx = m->tensors[i].numel;
+            int po = mf_phase_optim(m);
+            m->upd32 = add(&ad, "work.update_f32", MF_CAT_WORK, MF_DTYPE_F32, 1, mx, 0, 0, 0, po, po, -1);
+        }
+    }
+    if (!ad.err) {
+        /* the GEMM library's scratch for the largest call (fp32: none
+         * unless the backend is oneDNN's matmul; 16-bit: docs/precision.md) */
+        int g0 = mf_phase_layer_fwd(m, 0), g1 = train ? mf_phase_layer_bwd(m, 0) : hf;
+        size_t gs = mf_model_gemm_scratch_need(m, (int)N);
+        if (gs == SIZE_MAX) { mf_model_free(m); return -1; }
+        m->gemm_scratch_bytes = gs;
+        if (gs || m->cdt != MF_DTYPE_F32)
+            m->gemm_scratch = add(&ad, "work.gemm_scratch", MF_CAT_WORK, MF_DTYPE_U8, 1, (int64_t)(gs ? gs : 1), 0, 0,
+                                  0, g0, g1, -1);
+    }
+    if (ad.err) { mf_model_free(m); return -1; }
+    return 0;
+}
+
+void mf_model_free(mf_model *m) {
+    free(m->tensors);
+    free(m->res);   /* rres and racts share these allocations */
+    free(m->acts);
+    memset(m, 0, sizeof *m);
+}
+
