@@ -149,9 +149,13 @@ typedef struct {
     int up;                       /* Llama: (N,I) up_proj output; -1 for GPT-2 */
 } mf_layer_acts;
 
-/* A Llama block's tensors (mf_model.lt gives their offsets in the block). */
+/* A block's tensors by what they do (mf_model.lt gives their offsets in
+ * the block, -1 when the family has none). GPT-2 fills LN1/LN1B, Q (its
+ * c_attn: q|k|v in one matrix) and QB, O/OB (attn.c_proj), LN2/LN2B, GATE
+ * (mlp.c_fc) and GATEB, DOWN/DOWNB (mlp.c_proj); a Llama LN1, Q, K, V (and
+ * Qwen2's QB, KB, VB), O, LN2, GATE, UP, DOWN. */
 enum { MF_LT_LN1, MF_LT_Q, MF_LT_QB, MF_LT_K, MF_LT_KB, MF_LT_V, MF_LT_VB, MF_LT_O, MF_LT_LN2, MF_LT_GATE,
-       MF_LT_UP, MF_LT_DOWN, MF_LT_COUNT };
+       MF_LT_UP, MF_LT_DOWN, MF_LT_LN1B, MF_LT_OB, MF_LT_LN2B, MF_LT_GATEB, MF_LT_DOWNB, MF_LT_COUNT };
 
 typedef struct {
     mf_dims d;
@@ -166,7 +170,7 @@ typedef struct {
     int t_layer0, nlt;    /* layer l's tensors are [t_layer0 + l*nlt, +nlt) */
     int t_normf, n_normf; /* the final norm's tensors (weight, GPT-2's bias) */
     int t_head;           /* the untied output head, -1 when tied to t_emb */
-    int lt[MF_LAYER_TENSORS]; /* Llama: offset in a block of each MF_LT_* tensor, -1 if absent */
+    int lt[MF_LT_COUNT];  /* offset in a block of each MF_LT_* tensor, -1 if absent */
     int rope;             /* Llama: the cos/sin table (work, the whole run), -1 for GPT-2 */
     int rope_T;           /* positions the table can hold */
     int rope_filled;      /* positions it holds now (0: not filled yet) */

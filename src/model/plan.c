@@ -114,7 +114,8 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     /* a Llama's frozen embedding and head under a quantised base: bf16
      * (a gather reads rows, so no block format; the issue's "bf16
      * embeddings" for QLoRA). GPT-2 keeps them fp32. */
-    if (t->frozen && m->d.arch == MF_ARCH_LLAMA && m->lora.base && (role == MF_ROLE_EMB || role == MF_ROLE_HEAD))
+    if (t->frozen && mf_model_block_desc(&m->d)->bf16_frozen_embed && m->lora.base &&
+        (role == MF_ROLE_EMB || role == MF_ROLE_HEAD))
         t->qkind = MF_QUANT_BF16;
     mf_cat pcat = t->lora ? MF_CAT_ADAPTER : MF_CAT_PARAMS, gcat = t->lora ? MF_CAT_ADAPTER : MF_CAT_GRADS;
     int shard = m->opt.zero >= 1 && m->opt.world > 1;
@@ -221,24 +222,25 @@ static void slot_life(const mf_model *m, int s, int in, int fwd[2], int bwd[2]) 
 typedef int (*gemm_shape_fn)(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias);
 static int gemm_shapes(const mf_dims *d, int N, int R, int train, gemm_shape_fn fn, void *ctx) {
     int C = d->C, Vp = d->Vp;
-    if (d->arch == MF_ARCH_LLAMA) {
-        /* nn.Linear (out, in): y = x W^T, dx (+)= dy W, dW += dy^T x; k, v
-         * and up add into the input gradient q, gate started */
-        int AO = d->NH * d->hd, KV = d->NKV * d->hd;
-        const int io[7][3] = {{C, AO, 0}, {C, KV, 1}, {C, KV, 1}, {AO, C, 0}, {C, d->ffn, 0}, {C, d->ffn, 1}, {d->ffn, C, 0}};
-        for (int k = 0; k < 7; k++) {
-            int ci = io[k][0], oc = io[k][1];
-            if (fn(ctx, N, oc, ci, 0, 1, k == 3 || k == 6, d->qkv_bias && k < 3)) return -1;
-            if (train && (fn(ctx, oc, ci, N, 1, 0, 1, 0) || fn(ctx, N, ci, oc, 0, 0, io[k][2], 0))) return -1;
-        }
-    } else {
-    /* (in, out) of the four block matmuls; accumulate for the residual ones */
-    const int io[4][3] = {{C, 3 * C, 0}, {C, C, 1}, {C, 4 * C, 0}, {4 * C, C, 1}};
-    for (int k = 0; k < 4; k++) {
-        int ci = io[k][0], oc = io[k][1];
-        if (fn(ctx, N, oc, ci, 0, 0, io[k][2], 1)) return -1;
-        if (train && (fn(ctx, ci, oc, N, 1, 0, 1, 0) || fn(ctx, N, ci, oc, 0, 1, 0, 0))) return -1;
-    }
+    const mf_block_desc *bd = mf_model_block_desc(d);
+    /* the block's projections in the order it runs them (blocks.c): a
+     * Conv1D (in, out) weight: y = x W, dW += x^T dy, dx = dy W^T; an
+     * nn.Linear (out, in) one: y = x W^T, dW += dy^T x, dx (+)= dy W (k, v
+     * and up add into the input gradient q and gate started). o and down
+     * accumulate onto the residual. */
+    static const int proj[7] = {MF_LT_Q, MF_LT_K, MF_LT_V, MF_LT_O, MF_LT_GATE, MF_LT_UP, MF_LT_DOWN};
+    int io = bd->w_in_out;
+    for (int k = 0; k < 7; k++) {
+        int lt = proj[k], in, out;
+        if (bd->lora[lt] < 0) continue;  /* not one of this family's projections */
+        mf_model_lora_dims(d, bd->lora[lt], &in, &out);
+        int qkv = lt == MF_LT_Q || lt == MF_LT_K || lt == MF_LT_V;
+        int acc = lt == MF_LT_O || lt == MF_LT_DOWN, bias = bd->proj_bias || (d->qkv_bias && qkv);
+        int dx_acc = !io && (lt == MF_LT_K || lt == MF_LT_V || lt == MF_LT_UP);
+        if (fn(ctx, N, out, in, 0, !io, acc, bias)) return -1;
+        if (train && ((io ? fn(ctx, in, out, N, 1, 0, 1, 0) : fn(ctx, out, in, N, 1, 0, 1, 0)) ||
+                      fn(ctx, N, in, out, 0, io, dx_acc, 0)))
+            return -1;
     }
     int rows[3] = {R, 1, N < R ? N : R};
     for (int k = 0; k < 3; k++)
@@ -297,25 +299,25 @@ int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss
     return gemm_shapes(d, (int)N, (int)R, train, warm_one, &dt);
 }
 
-/* Scratch bytes of the largest quantised-base GEMM on N rows: GPT-2's four
- * Conv1D matmuls; a Llama's seven projections and its bf16 head (a chunk
- * of rows at a time). */
+/* Scratch bytes of the largest quantised-base GEMM on N rows: the block's
+ * projections in the description's layout, and a frozen bf16 head (a
+ * chunk of rows at a time) where the description stores one. */
 size_t mf_model_quant_scratch_need(const mf_model *m, int N) {
     const mf_dims *d = &m->d;
+    const mf_block_desc *bd = mf_model_block_desc(d);
     size_t mx = 0, b;
-    if (d->arch == MF_ARCH_LLAMA) {
-        for (int k = MF_LORA_Q_PROJ; k <= MF_LORA_DOWN_PROJ; k++) {
-            int in, out;
-            mf_model_lora_dims(d, k, &in, &out);
-            if ((b = mf_quant_linear_scratch_bytes(m->lora.base, N, in, out)) > mx) mx = b;
-        }
+    for (int lt = 0; lt < MF_LT_COUNT; lt++) {
+        int in, out;
+        if (bd->lora[lt] < 0) continue;
+        mf_model_lora_dims(d, bd->lora[lt], &in, &out);
+        b = bd->w_in_out ? mf_quant_matmul_scratch_bytes(m->lora.base, N, in, out)
+                         : mf_quant_linear_scratch_bytes(m->lora.base, N, in, out);
+        if (b > mx) mx = b;
+    }
+    if (bd->bf16_frozen_embed) {
         int R = N < m->chunk_rows ? N : m->chunk_rows;
         if ((b = mf_quant_linear_scratch_bytes(MF_QUANT_BF16, R, d->C, d->Vp)) > mx) mx = b;
-        return mx;
     }
-    static const int kin[4] = {1, 1, 1, 4}, kout[4] = {3, 1, 4, 1};
-    for (int k = 0; k < 4; k++)
-        if ((b = mf_quant_matmul_scratch_bytes(m->lora.base, N, kin[k] * d->C, kout[k] * d->C)) > mx) mx = b;
     return mx;
 }
 
@@ -329,6 +331,11 @@ static void declare_gpt2_tensors(mf_model *m, adder *ad) {
     m->t_pos = m->n_tensors;
     add_tensor_role(m, ad, "wpe.weight", MF_ROLE_POS, -1, 2, d->maxT, C, d->maxT, 1);
     m->t_layer0 = m->n_tensors, m->nlt = MF_LAYER_TENSORS;
+    /* the block's tensors in file order, by what they do (blocks.c) */
+    static const int order[MF_LAYER_TENSORS] = {MF_LT_LN1, MF_LT_LN1B, MF_LT_Q, MF_LT_QB, MF_LT_O, MF_LT_OB,
+                                                MF_LT_LN2, MF_LT_LN2B, MF_LT_GATE, MF_LT_GATEB, MF_LT_DOWN, MF_LT_DOWNB};
+    for (int k = 0; k < MF_LT_COUNT; k++) m->lt[k] = -1;
+    for (int k = 0; k < MF_LAYER_TENSORS; k++) m->lt[order[k]] = k;
     for (int l = 0; l < d->L; l++) {
         char nm[48];
 #define LT(suffix, nd, a0, a1, dec) \
@@ -369,8 +376,9 @@ static void declare_llama_tensors(mf_model *m, adder *ad) {
     const int64_t cols[MF_LT_COUNT] = {0, C, 0, C, 0, C, 0, AO, 0, C, C, I};
     int n = 0;
     for (int k = 0; k < MF_LT_COUNT; k++) {
+        /* GPT-2's other biases (MF_LT_LN1B ..) a Llama does not have */
         int bias = k == MF_LT_QB || k == MF_LT_KB || k == MF_LT_VB;
-        m->lt[k] = bias && !d->qkv_bias ? -1 : n++;
+        m->lt[k] = k > MF_LT_DOWN || (bias && !d->qkv_bias) ? -1 : n++;
     }
     m->nlt = n;
     for (int l = 0; l < d->L; l++)
@@ -414,6 +422,9 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                            "frozen base in bf16, int8 or nf4)", opt->compute == MF_DTYPE_BF16 ? "bf16" : "fp16");
     }
     int llama = d->arch == MF_ARCH_LLAMA;
+    /* the pieces the family's blocks compose (arch.c) */
+    const mf_block_desc *bd = mf_model_block_desc(d);
+    int ln_mean = bd->norm == MF_NORM_LAYERNORM;  /* LayerNorm keeps each row's mean; RMSNorm none */
     if (lora && lora->r > 0) {
         /* each family's own modules; without targets= PEFT's defaults
          * (GPT-2: c_attn; Llama: q_proj, v_proj) */
@@ -576,23 +587,23 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
          * gate's row when the whole block is rebuilt) */
         A->ln1_mean = R->ln1_mean = A->ln2_mean = R->ln2_mean = A->up = R->up = -1;
         ACT(ln1, 1, -1, H, 2, N, C, 0, 0);
-        if (!llama) { ACT(ln1_mean, 0, -1, F, 1, N, 0, 0, 0); }
+        if (ln_mean) { ACT(ln1_mean, 0, -1, F, 1, N, 0, 0, 0); }
         ACT(ln1_rstd, 0, -1, F, 1, N, 0, 0, 0);
         ACT(qkv, 0, -1, F, 2, N, QKV, 0, 0);
         ACT(lse, 0, -1, F, 3, B, NH, T, 0);
         ACT(atty, 0, A->ln1 >= 0 && plan->bufs[A->ln1].bytes >= (size_t)(N * AO * 4) ? A->ln1 : -1, F, 2, N, AO, 0, 0);
         ACT(xmid, 0, -1, F, 2, N, C, 0, 0);
         ACT(ln2, 1, A->ln1, H, 2, N, C, 0, 0);
-        if (!llama) { ACT(ln2_mean, 0, -1, F, 1, N, 0, 0, 0); }
+        if (ln_mean) { ACT(ln2_mean, 0, -1, F, 1, N, 0, 0, 0); }
         ACT(ln2_rstd, 0, -1, F, 1, N, 0, 0, 0);
         ACT(fch, 0, -1, F, 2, N, I, 0, 0);
-        if (llama) { ACT(up, 0, -1, F, 2, N, I, 0, 0); }
+        if (bd->mlp == MF_MLP_SWIGLU) { ACT(up, 0, -1, F, 2, N, I, 0, 0); }
         ACT(fch_gelu, 1, whole ? A->fch : -1, H, 2, N, I, 0, 0);
 #undef ACT
     }
     int hf = mf_phase_head_fwd(m), hb = train ? mf_phase_head_bwd(m) : hf;
     m->lnf = add(&ad, "act.ln_f", MF_CAT_ACTS, m->cdt, 2, N, C, 0, 0, hf, hb, -1);
-    m->lnf_mean = llama ? -1 : add(&ad, "act.ln_f_mean", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
+    m->lnf_mean = !ln_mean ? -1 : add(&ad, "act.ln_f_mean", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
     m->lnf_rstd = add(&ad, "act.ln_f_rstd", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
     /* the classifier and its loss run a chunk of rows at a time, backward
      * included, so at most chunk_rows x Vp logits exist, only in this phase */
@@ -622,7 +633,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         m->attn_scratch = add(&ad, "work.attn_bwd", MF_CAT_WORK, MF_DTYPE_F32, 1,
                               (int64_t)mf_flash_attention_scratch_floats(d->maxT, d->hd, nthreads), 0, 0, 0, l0, l1, -1);
     }
-    if (llama) {
+    if (bd->rope) {
         /* rotary cos/sin for the positions a forward can have (the run-time
          * guard allows fewer, longer sequences up to B x T tokens); kept
          * for the whole run, so it is computed again only when a forward's
@@ -654,7 +665,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             int64_t qs = (int64_t)mf_model_quant_scratch_need(m, (int)N);
             m->qscr_bytes = (size_t)qs;
             m->qscr_f = add(&ad, "work.quant_gemm.fwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, f0,
-                            llama ? mf_phase_head_fwd(m) : f1, -1);
+                            bd->bf16_frozen_embed ? mf_phase_head_fwd(m) : f1, -1);
             if (train) m->qscr_b = add(&ad, "work.quant_gemm.bwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, b0, b1, -1);
         }
     }

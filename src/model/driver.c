@@ -1,6 +1,11 @@
-/* The model's step: initialisation, the embedding, the layers, the head
- * with its chunked loss, forward and backward (the plan is plan.c's; the
- * phases are listed there). */
+/* The model driver, the same for every family: initialisation, and a
+ * step's forward and backward over the pieces of blocks.c (the embedding
+ * block, the L transformer blocks with their recompute policy, the final
+ * norm) and the head (the embedding tied, or lm_head) with its chunked
+ * loss: logits, the loss and the classifier's backward a chunk of rows at
+ * a time. ZeRO 3 gathers and prefetches each block's parameters for the
+ * phase that starts; update_in_backward hands each completed gradient to
+ * the optimizer. The plan is plan.c's; the phases are listed there. */
 #include "internal.h"
 #include "memfit/dist.h"
 #include "memfit/half.h"
@@ -141,57 +146,20 @@ static void grads_done(mf_model *m, int first, int n) {
 
 /* ---- forward --------------------------------------------------------- */
 
-#define P(l, k) tensor_p(m, a, 2 + (l) * MF_LAYER_TENSORS + (k))
-#define G(l, k) tensor_g(m, a, 2 + (l) * MF_LAYER_TENSORS + (k))
 #define BUF(id) ((float *)mf_arena_get(a, (id)))
 #define tensor_p mf_model_tensor_p
 #define tensor_g mf_model_tensor_g
-#define gelu_out mf_model_mlp_out
-enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB };
 
 /* Tensor i's gradient (NULL for a frozen base weight under LoRA). */
 float *mf_model_tensor_g(mf_model *m, mf_arena *a, int i) {
     return m->tensors[i].g >= 0 ? mf_arena_get(a, m->tensors[i].g) : NULL;
 }
-/* LoRA hooks around target k's matmul (nothing when k has no adapter) */
-#define LORA_FWD(k, x, y) if (m->lora.r) mf_lora_layer_forward(m, a, l, k, x, y, N)
-#define LORA_BWD_P(k, dy, x) if (m->lora.r) mf_lora_layer_backward_params(m, a, l, k, dy, x, N)
-#define LORA_BWD_X(k, dx) if (m->lora.r) mf_lora_layer_backward_input(m, a, l, k, dx, N)
 
 /* Tensor i's parameters; under ZeRO 3 the row gathered for this phase
  * (backward has its own). */
 float *mf_model_tensor_p(mf_model *m, mf_arena *a, int i) {
     const mf_tensor *x = &m->tensors[i];
     return mf_arena_get(a, x->pb >= 0 && a->phase >= mf_phase_head_bwd(m) ? x->pb : x->p);
-}
-
-/* The base's linear layers: out = inp @ W + b (+ resid when non-NULL);
- * dinp = dout @ W^T (+ dW, db when they have gradients). A quantised frozen
- * W (--base_dtype) goes through quant.h's tile-dequantising GEMMs. */
-static void *quant_scratch(mf_model *m, mf_arena *a) {
-    return mf_arena_get(a, m->mode == MF_MODE_TRAIN && a->phase >= mf_phase_head_bwd(m) ? m->qscr_b : m->qscr_f);
-}
-static void linear_fwd(mf_model *m, mf_arena *a, int l, int k, float *out, const float *inp, const float *resid,
-                       int N, int K, int OC) {
-    const mf_tensor *w = &m->tensors[2 + l * MF_LAYER_TENSORS + k];
-    if (!w->qkind) {
-        if (resid) memcpy(out, resid, (size_t)N * OC * sizeof(float));
-        mf_matmul_forward(out, inp, P(l, k), P(l, k + 1), N, K, OC, resid != NULL);
-        return;
-    }
-    mf_quant_matmul_forward(out, inp, P(l, k), P(l, k + 1), N, K, OC, (mf_quant_kind)w->qkind, quant_scratch(m, a));
-    if (resid)
-        for (size_t i = 0; i < (size_t)N * OC; i++) out[i] += resid[i];
-}
-static void linear_bwd(mf_model *m, mf_arena *a, int l, int k, float *dinp, const float *dout, const float *inp,
-                       int N, int K, int OC) {
-    const mf_tensor *w = &m->tensors[2 + l * MF_LAYER_TENSORS + k];
-    if (!w->qkind) {
-        mf_matmul_backward(dinp, G(l, k), G(l, k + 1), dout, inp, P(l, k), N, K, OC);
-        return;
-    }
-    memset(dinp, 0, (size_t)N * K * sizeof(float));
-    mf_quant_matmul_backward_input(dinp, dout, P(l, k), N, K, OC, (mf_quant_kind)w->qkind, quant_scratch(m, a));
 }
 
 /* ZeRO 3: gathers tensors [first, first+n) for the phase that starts, or
@@ -232,77 +200,13 @@ static void sgemm_scratch(const mf_model *m, mf_arena *a) {
 }
 
 static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute, int write_out) {
-    int C = m->d.C, NH = m->d.NH, N = B * T;
-    const mf_layer_acts *A = recompute ? &m->racts[l] : &m->acts[l];
-    const int *res = recompute ? m->rres : m->res;
     if (!recompute) {
         mf_arena_phase(a, mf_phase_layer_fwd(m, l));
         params_need(m, a, m->t_layer0 + l * m->nlt, m->nlt);
         params_prefetch(m, a, l + 1);
     }
     sgemm_scratch(m, a);
-    if (m->d.arch == MF_ARCH_LLAMA) {
-        mf_llama_block_forward(m, a, l, B, T, recompute, write_out);
-        return;
-    }
-    float *x = BUF(res[l]);
-    float *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *lse = BUF(A->lse), *atty = BUF(A->atty);
-    float *ln2 = BUF(A->ln2), *fch = BUF(A->fch), *fchg = gelu_out(m, a, A);
-    if (m->cdt != MF_DTYPE_F32) {
-        /* 16-bit: the same block with 16-bit GEMM inputs (see mixed.c) */
-        mf_dtype dt = m->cdt;
-        void *gs = mf_arena_get(a, m->gemm_scratch), *in16 = mf_arena_get(a, m->in16);
-        size_t gb = m->gemm_scratch_bytes;
-        mf_layernorm_forward16(ln1, dt, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
-        mf_matmul16_forward(dt, qkv, ln1, P(l, QKVW), P(l, QKVB), N, C, 3 * C, 0, gs, gb);
-        mf_flash_attention_forward(atty, lse, qkv, B, T, C, NH);
-        float *xmid = BUF(A->xmid);
-        memcpy(xmid, x, (size_t)N * C * sizeof(float));
-        mf_half_from_f32(dt, in16, atty, (size_t)N * C);
-        mf_matmul16_forward(dt, xmid, in16, P(l, PROJW), P(l, PROJB), N, C, C, 1, gs, gb);
-        mf_layernorm_forward16(ln2, dt, BUF(A->ln2_mean), BUF(A->ln2_rstd), xmid, P(l, LN2W), P(l, LN2B), N, C);
-        mf_matmul16_forward(dt, fch, ln2, P(l, FCW), P(l, FCB), N, C, 4 * C, 0, gs, gb);
-        mf_gelu_forward16(fchg, dt, fch, (size_t)N * 4 * C);
-        if (!write_out) return;
-        float *out = BUF(res[l + 1]);
-        memcpy(out, xmid, (size_t)N * C * sizeof(float));
-        mf_matmul16_forward(dt, out, fchg, P(l, FCPW), P(l, FCPB), N, 4 * C, C, 1, gs, gb);
-        return;
-    }
-    mf_layernorm_forward(ln1, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
-    linear_fwd(m, a, l, QKVW, qkv, ln1, NULL, N, C, 3 * C);
-    LORA_FWD(MF_LORA_ATTN_C_ATTN, ln1, qkv);
-    /* FlashAttention: only the output and each row's log-sum-exp are kept;
-     * the T x T scores are recomputed tile by tile in backward */
-    mf_flash_attention_forward(atty, lse, qkv, B, T, C, NH);
-    /* xmid = x + (atty @ Wproj + b): the GEMM writes xmid (beta = 0), then
-     * one pass per row adds the residual and the bias and computes ln_2
-     * while the row is in cache (xmid is kept: ln_2's backward reads it) */
-    float *xmid = BUF(A->xmid);
-    if (!m->lora.r) {
-        /* a plain fp32 base: the fused kernels */
-        mf_matmul_forward(xmid, atty, P(l, PROJW), NULL, N, C, C, 0);
-        mf_residual_layernorm_forward(xmid, ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), x, P(l, PROJB),
-                                      P(l, LN2W), P(l, LN2B), N, C);
-        /* fch = ln2 @ Wfc (beta = 0), then its bias and the GELU in one pass */
-        mf_matmul_forward(fch, ln2, P(l, FCW), NULL, N, C, 4 * C, 0);
-        mf_bias_gelu_forward(fchg, fch, P(l, FCB), N, 4 * C);
-        if (!write_out) return;
-        float *out = BUF(res[l + 1]);
-        mf_matmul_forward(out, fchg, P(l, FCPW), NULL, N, 4 * C, C, 0);
-        mf_residual_forward(out, xmid, P(l, FCPB), N, C);
-        return;
-    }
-    linear_fwd(m, a, l, PROJW, xmid, atty, x, N, C, C);
-    LORA_FWD(MF_LORA_ATTN_C_PROJ, atty, xmid);
-    mf_layernorm_forward(ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), xmid, P(l, LN2W), P(l, LN2B), N, C);
-    linear_fwd(m, a, l, FCW, fch, ln2, NULL, N, C, 4 * C);
-    LORA_FWD(MF_LORA_MLP_C_FC, ln2, fch);
-    mf_gelu_forward(fchg, fch, (size_t)N * 4 * C);
-    if (!write_out) return;
-    float *out = BUF(res[l + 1]);
-    linear_fwd(m, a, l, FCPW, out, fchg, xmid, N, 4 * C, C);
-    LORA_FWD(MF_LORA_MLP_C_PROJ, fchg, out);
+    mf_block_forward(m, a, l, B, T, recompute, write_out);
 }
 
 #define WTE 0
@@ -329,20 +233,11 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     if (!mf_model_fits(m, B, T)) mf_panic("forward on %dx%d does not fit the planned %dx%d", B, T, m->B, m->T);
     int C = m->d.C, N = B * T, L = m->d.L;
     m->lora_drop = m->lora.r > 0 && m->lora.dropout > 0 && use_targets && dscale != 0.0f && m->mode == MF_MODE_TRAIN;
-    int llama = m->d.arch == MF_ARCH_LLAMA;
     mf_arena_phase(a, mf_phase_emb_fwd(m));
-    params_need(m, a, WTE, llama ? 1 : 2);
+    params_need(m, a, WTE, m->t_pos >= 0 ? 2 : 1);
     params_prefetch(m, a, 0);
-    const int32_t *inp = mf_arena_get(a, m->inputs);
     int h16 = m->cdt != MF_DTYPE_F32;
-    if (llama) {
-        if (m->tensors[WTE].qkind == MF_QUANT_BF16)  /* a frozen bf16 embedding (QLoRA) */
-            mf_embed_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), MF_DTYPE_BF16, N, C);
-        else if (h16) mf_embed_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, N, C);
-        else mf_embed_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), N, C);
-        mf_llama_rope_fill(m, a, T);
-    } else if (h16) mf_encoder_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, tensor_p(m, a, WPE), B, T, C);
-    else mf_encoder_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), tensor_p(m, a, WPE), B, T, C);
+    mf_embed_block_forward(m, a, B, T);
     for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T, 0, 1);
     mf_arena_phase(a, mf_phase_head_fwd(m));
     params_need(m, a, LNF_W, m->n_normf);
@@ -356,12 +251,8 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     void *gs = h16 ? mf_arena_get(a, m->gemm_scratch) : NULL;
     size_t gb = m->gemm_scratch_bytes;
     sgemm_scratch(m, a);
-    if (llama && h16) mf_rmsnorm_forward16(lnf, dt, BUF(m->lnf_rstd), BUF(m->res[L]), tensor_p(m, a, LNF_W), N, C, m->d.eps);
-    else if (llama) mf_rmsnorm_forward(lnf, BUF(m->lnf_rstd), BUF(m->res[L]), tensor_p(m, a, LNF_W), N, C, m->d.eps);
-    else if (h16) mf_layernorm_forward16(lnf, dt, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
-                                    tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
-    else mf_layernorm_forward(lnf, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
-                              tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
+    mf_norm_forward(m, m->cdt, lnf, m->lnf_mean >= 0 ? BUF(m->lnf_mean) : NULL, BUF(m->lnf_rstd), BUF(m->res[L]),
+                    tensor_p(m, a, LNF_W), m->n_normf > 1 ? tensor_p(m, a, LNF_B) : NULL, N);
     const float *wte = tensor_p(m, a, HW);
     int R = m->chunk_rows, Vp = m->d.Vp;
     /* a frozen bf16 head (a Llama's QLoRA): dequantised a tile at a time */
@@ -431,8 +322,7 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
 
 void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     if (m->mode != MF_MODE_TRAIN) mf_panic("backward on a forward-only plan");
-    int C = m->d.C, NH = m->d.NH, N = B * T, L = m->d.L;
-    int llama = m->d.arch == MF_ARCH_LLAMA;
+    int C = m->d.C, N = B * T, L = m->d.L;
     mf_arena_phase(a, mf_phase_head_bwd(m));
     params_need(m, a, LNF_W, m->n_normf);
     params_prefetch(m, a, L - 1);
@@ -440,11 +330,8 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     float *dln = BUF(m->dln), *dres = BUF(m->dres);
     memset(dres, 0, (size_t)N * C * sizeof(float));
     grads_start(m, a, LNF_W, m->n_normf);
-    if (llama)
-        mf_rmsnorm_backward(dres, tensor_g(m, a, LNF_W), dln, BUF(m->res[L]), tensor_p(m, a, LNF_W), BUF(m->lnf_rstd), N, C);
-    else
-        mf_layernorm_backward(dres, tensor_g(m, a, LNF_W), tensor_g(m, a, LNF_B), dln, BUF(m->res[L]),
-                              tensor_p(m, a, LNF_W), BUF(m->lnf_mean), BUF(m->lnf_rstd), N, C);
+    mf_norm_backward(m, dres, tensor_g(m, a, LNF_W), m->n_normf > 1 ? tensor_g(m, a, LNF_B) : NULL, dln, BUF(m->res[L]),
+                     tensor_p(m, a, LNF_W), m->lnf_mean >= 0 ? BUF(m->lnf_mean) : NULL, BUF(m->lnf_rstd), N);
     grads_done(m, LNF_W, m->n_normf);
     for (int l = L - 1; l >= 0; l--) {
         mf_arena_phase(a, mf_phase_layer_bwd(m, l));
@@ -459,84 +346,17 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
             for (int k = s0; k <= l; k++) layer_forward(m, a, k, B, T, 1, k < l);
         }
         if (l < m->auto_k) layer_forward(m, a, l, B, T, 1, 0);
-        if (llama) {
-            mf_llama_block_backward(m, a, l, B, T);
-            grads_done(m, m->t_layer0 + l * m->nlt, m->nlt);
-            continue;
-        }
-        const mf_layer_acts *A = &m->racts[l];
-        if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE && m->cdt != MF_DTYPE_F32) {
-            mf_dtype dt = m->cdt;
-            mf_layernorm_forward16(BUF(A->ln1), dt, BUF(A->ln1_mean), BUF(A->ln1_rstd), BUF(m->rres[l]), P(l, LN1W), P(l, LN1B), N, C);
-            mf_layernorm_forward16(BUF(A->ln2), dt, BUF(A->ln2_mean), BUF(A->ln2_rstd), BUF(A->xmid), P(l, LN2W), P(l, LN2B), N, C);
-            mf_gelu_forward16(gelu_out(m, a, A), dt, BUF(A->fch), (size_t)N * 4 * C);
-        } else if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE) {
-            /* rebuild the element-wise outputs from the kept inputs; the
-             * statistics come out bit-identical to the forward's */
-            mf_layernorm_forward(BUF(A->ln1), BUF(A->ln1_mean), BUF(A->ln1_rstd), BUF(m->rres[l]), P(l, LN1W), P(l, LN1B), N, C);
-            mf_layernorm_forward(BUF(A->ln2), BUF(A->ln2_mean), BUF(A->ln2_rstd), BUF(A->xmid), P(l, LN2W), P(l, LN2B), N, C);
-            mf_gelu_forward(gelu_out(m, a, A), BUF(A->fch), (size_t)N * 4 * C);
-        }
-        float *dbig = BUF(m->dbig), *dqkv = BUF(m->dqkv);
-        if (m->cdt != MF_DTYPE_F32) {
-            /* 16-bit: the same backward; each GEMM rounds its output
-             * gradient into dout16, weight gradients accumulate in fp32 */
-            mf_dtype dt = m->cdt;
-            void *gs = mf_arena_get(a, m->gemm_scratch), *d16 = mf_arena_get(a, m->dout16), *in16 = mf_arena_get(a, m->in16);
-            size_t gb = m->gemm_scratch_bytes;
-            mf_matmul16_backward(dt, dbig, G(l, FCPW), G(l, FCPB), dres, d16, gelu_out(m, a, A), P(l, FCPW), N, 4 * C, C, gs, gb);
-            mf_gelu_backward(dbig, BUF(A->fch), dbig, (size_t)N * 4 * C);
-            mf_matmul16_backward(dt, dln, G(l, FCW), G(l, FCB), dbig, d16, BUF(A->ln2), P(l, FCW), N, C, 4 * C, gs, gb);
-            mf_layernorm_backward(dres, G(l, LN2W), G(l, LN2B), dln, BUF(A->xmid), P(l, LN2W),
-                                  BUF(A->ln2_mean), BUF(A->ln2_rstd), N, C);
-            mf_half_from_f32(dt, in16, BUF(A->atty), (size_t)N * C);
-            mf_matmul16_backward(dt, dln, G(l, PROJW), G(l, PROJB), dres, d16, in16, P(l, PROJW), N, C, C, gs, gb);
-            mf_flash_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
-                                        B, T, C, NH);
-            mf_matmul16_backward(dt, dln, G(l, QKVW), G(l, QKVB), dqkv, d16, BUF(A->ln1), P(l, QKVW), N, C, 3 * C, gs, gb);
-            mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->rres[l]), P(l, LN1W),
-                                  BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
-            grads_done(m, m->t_layer0 + l * m->nlt, m->nlt);
-            continue;
-        }
-        /* MLP: out = xmid + gelu(ln2 @ Wfc + b) @ Wfcp + b; the GELU output
-         * may live in dbig itself (matmul_backward reads inp before it
-         * writes dinp) */
-        LORA_BWD_P(MF_LORA_MLP_C_PROJ, dres, gelu_out(m, a, A));
-        linear_bwd(m, a, l, FCPW, dbig, dres, gelu_out(m, a, A), N, 4 * C, C);
-        LORA_BWD_X(MF_LORA_MLP_C_PROJ, dbig);
-        mf_gelu_backward(dbig, BUF(A->fch), dbig, (size_t)N * 4 * C);
-        LORA_BWD_P(MF_LORA_MLP_C_FC, dbig, BUF(A->ln2));
-        linear_bwd(m, a, l, FCW, dln, dbig, BUF(A->ln2), N, C, 4 * C);
-        LORA_BWD_X(MF_LORA_MLP_C_FC, dln);
-        mf_layernorm_backward(dres, G(l, LN2W), G(l, LN2B), dln, BUF(A->xmid), P(l, LN2W),
-                              BUF(A->ln2_mean), BUF(A->ln2_rstd), N, C);
-        /* attention: xmid = x + attn(ln1(x)) @ Wproj + b */
-        LORA_BWD_P(MF_LORA_ATTN_C_PROJ, dres, BUF(A->atty));
-        linear_bwd(m, a, l, PROJW, dln, dres, BUF(A->atty), N, C, C);
-        LORA_BWD_X(MF_LORA_ATTN_C_PROJ, dln);
-        mf_flash_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
-                                    B, T, C, NH);
-        LORA_BWD_P(MF_LORA_ATTN_C_ATTN, dqkv, BUF(A->ln1));
-        linear_bwd(m, a, l, QKVW, dln, dqkv, BUF(A->ln1), N, C, 3 * C);
-        LORA_BWD_X(MF_LORA_ATTN_C_ATTN, dln);
-        mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->rres[l]), P(l, LN1W),
-                              BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
+        mf_block_backward(m, a, l, B, T);
         grads_done(m, m->t_layer0 + l * m->nlt, m->nlt);
     }
     mf_sgemm_scratch(NULL, 0);
     mf_arena_phase(a, mf_phase_emb_bwd(m));
-    if (llama) {
-        /* untied: the embedding's gradient starts here */
-        if (m->t_head >= 0) grads_start(m, a, WTE, 1);
-        if (!m->tensors[WTE].frozen) mf_embed_backward(tensor_g(m, a, WTE), dres, mf_arena_get(a, m->inputs), N, C);
-        grads_done(m, WTE, 1);
-    } else {
-    grads_start(m, a, WPE, 1);
-    if (!m->tensors[WTE].frozen)
-        mf_encoder_backward(tensor_g(m, a, WTE), tensor_g(m, a, WPE), dres, mf_arena_get(a, m->inputs), B, T, C);
-    grads_done(m, WTE, 2);
-    }
+    /* an untied head's embedding gradient starts here (a tied one's
+     * started with the loss), as do learned positions' */
+    if (m->t_head >= 0) grads_start(m, a, WTE, 1);
+    if (m->t_pos >= 0) grads_start(m, a, WPE, 1);
+    mf_embed_block_backward(m, a, B, T);
+    grads_done(m, WTE, m->t_pos >= 0 ? 2 : 1);
 }
 
 const float *mf_model_logits(mf_model *m, mf_arena *a, int T, int b, int t) {
