@@ -3,7 +3,8 @@
 # each precision and technique with two memfit binaries (a baseline built
 # from the commit before the change, and the current build) and compares
 # the final model (or adapter) byte for byte, the per-step loss, gradient
-# norm and planned/ledger bytes, and `memfit estimate --json`.
+# norm and planned/ledger bytes, text sampled from the fp32 models (a
+# forward without targets), and `memfit estimate --json`.
 #   scripts/check_identity.sh BASE_BIN NEW_BIN [CASE_FILTER]
 # Exit 0 when every case is identical; prints one line per case.
 set -u
@@ -63,6 +64,17 @@ for c in "${CASES[@]}"; do
   fi
   what=model.safetensors; [ -d "$f.base/adapter" ] && what=adapter/adapter_model.safetensors
   cmp -s "$f.base/$what" "$f.new/$what" || { echo "FAIL $name: $what differs"; fail=1; continue; }
+  if [[ "$name" == *-fp32 ]]; then
+    # sampling (a forward without targets) from the base build's model, with each binary
+    init="$f.base/model.safetensors"; [ -f "$f.base/config.json" ] && init="$f.base"
+    for side in base new; do
+      bin=$BASE; [ $side = new ] && bin=$NEW
+      # shellcheck disable=SC2086
+      "$bin" sample $model --init "$init" --prompt "The whale" --sample_tokens 32 --seed 3 > "$f.$side.sample" 2>&1
+    done
+    cmp -s "$f.base.sample" "$f.new.sample" || { echo "FAIL $name: samples differ"; fail=1; continue; }
+    what="$what and samples"
+  fi
   echo "ok $name: $(grep -oE '"loss":[^,]*' "$f.new.jsonl" | tail -1), $what identical"
 done
 for p in gpt2-124m gpt2-1m llama-tiny smollm2-135m qwen2.5-0.5b llama-3.2-1b mistral-7b; do

@@ -229,30 +229,20 @@ int mf_model_fits(const mf_model *m, int B, int T) {
     return 1;
 }
 
-double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets, float dscale) {
-    if (!mf_model_fits(m, B, T)) mf_panic("forward on %dx%d does not fit the planned %dx%d", B, T, m->B, m->T);
-    int C = m->d.C, N = B * T, L = m->d.L;
-    m->lora_drop = m->lora.r > 0 && m->lora.dropout > 0 && use_targets && dscale != 0.0f && m->mode == MF_MODE_TRAIN;
-    mf_arena_phase(a, mf_phase_emb_fwd(m));
-    params_need(m, a, WTE, m->t_pos >= 0 ? 2 : 1);
-    params_prefetch(m, a, 0);
-    int h16 = m->cdt != MF_DTYPE_F32;
-    mf_embed_block_forward(m, a, B, T);
-    for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T, 0, 1);
-    mf_arena_phase(a, mf_phase_head_fwd(m));
-    params_need(m, a, LNF_W, m->n_normf);
-    /* the output head: the embedding (tied) or lm_head */
-    int HW = m->t_head >= 0 ? m->t_head : WTE;
-    if (HW != WTE) params_need(m, a, HW, 1);
+/* The head and the loss, after the final norm wrote lnf: logits = lnf
+ * W_head^T (the embedding tied, or lm_head; 16-bit operands in 16-bit
+ * precision; a frozen bf16 head dequantised a tile at a time). Sampling
+ * (use_targets 0): the logits only. Training: a chunk of rows at a time,
+ * the logits, the cross-entropy and the classifier's backward (d(lnf) into
+ * dln, the head's gradient), so at most chunk_rows x Vp logits exist. */
+static double head_loss(mf_model *m, mf_arena *a, int B, int T, int HW, int use_targets, float dscale) {
+    int C = m->d.C, N = B * T, h16 = m->cdt != MF_DTYPE_F32;
     float *lnf = BUF(m->lnf), *logits = BUF(m->logits);
     mf_dtype dt = m->cdt;
     /* 16-bit: ln_f's output, rows of C 16-bit values */
     uint16_t *lnf16 = (uint16_t *)lnf;
     void *gs = h16 ? mf_arena_get(a, m->gemm_scratch) : NULL;
     size_t gb = m->gemm_scratch_bytes;
-    sgemm_scratch(m, a);
-    mf_norm_forward(m, m->cdt, lnf, m->lnf_mean >= 0 ? BUF(m->lnf_mean) : NULL, BUF(m->lnf_rstd), BUF(m->res[L]),
-                    tensor_p(m, a, LNF_W), m->n_normf > 1 ? tensor_p(m, a, LNF_B) : NULL, N);
     const float *wte = tensor_p(m, a, HW);
     int R = m->chunk_rows, Vp = m->d.Vp;
     /* a frozen bf16 head (a Llama's QLoRA): dequantised a tile at a time */
@@ -318,6 +308,27 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     m->logits_all = 0;
     mf_sgemm_scratch(NULL, 0);
     return sum / N;
+}
+
+double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets, float dscale) {
+    if (!mf_model_fits(m, B, T)) mf_panic("forward on %dx%d does not fit the planned %dx%d", B, T, m->B, m->T);
+    int N = B * T, L = m->d.L;
+    m->lora_drop = m->lora.r > 0 && m->lora.dropout > 0 && use_targets && dscale != 0.0f && m->mode == MF_MODE_TRAIN;
+    mf_arena_phase(a, mf_phase_emb_fwd(m));
+    params_need(m, a, WTE, m->t_pos >= 0 ? 2 : 1);
+    params_prefetch(m, a, 0);
+    mf_embed_block_forward(m, a, B, T);
+    for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T, 0, 1);
+    mf_arena_phase(a, mf_phase_head_fwd(m));
+    params_need(m, a, LNF_W, m->n_normf);
+    /* the output head: the embedding (tied) or lm_head */
+    int HW = m->t_head >= 0 ? m->t_head : WTE;
+    if (HW != WTE) params_need(m, a, HW, 1);
+    float *lnf = BUF(m->lnf);
+    sgemm_scratch(m, a);
+    mf_norm_forward(m, m->cdt, lnf, m->lnf_mean >= 0 ? BUF(m->lnf_mean) : NULL, BUF(m->lnf_rstd), BUF(m->res[L]),
+                    tensor_p(m, a, LNF_W), m->n_normf > 1 ? tensor_p(m, a, LNF_B) : NULL, N);
+    return head_loss(m, a, B, T, HW, use_targets, dscale);
 }
 
 void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
