@@ -77,6 +77,8 @@ typedef struct {
     uint64_t train_lo, train_hi, val_lo, val_hi; /* id ranges [lo, hi) */
     int n_val_batches;
     uint64_t data_pos;    /* next training window, relative to train_lo */
+    int chat;             /* chat data (--data FILE.jsonl): rows come from sft, data_pos counts rows */
+    mf_sft_data sft;
     int step;             /* optimizer steps done */
     double lr;            /* learning rate of the step in progress */
     double uib_sumsq;     /* update_in_backward: squared gradient norm so far */

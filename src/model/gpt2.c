@@ -487,6 +487,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     /* loader buffers */
     m->inputs = add(&ad, "data.inputs", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
     m->targets = add(&ad, "data.targets", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
+    m->pos = -1;  /* packing's positions row: added by the plan builder (build.c) when packing is on */
 
     /* Activations. A row backward needs is either kept (one per layer,
      * alive from the layer's forward to its backward) or rebuilt: forward
@@ -936,7 +937,7 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
         size_t gb = m->gemm_scratch_bytes;
         mf_layernorm_forward16(ln1, dt, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
         mf_matmul16_forward(dt, qkv, ln1, P(l, QKVW), P(l, QKVB), N, C, 3 * C, 0, gs, gb);
-        mf_flash_attention_forward(atty, lse, qkv, B, T, C, NH);
+        mf_flash_attention_doc_forward(atty, lse, qkv, B, T, NH, NH, C / NH, 0, mf_model_doc_pos(m, a));
         float *xmid = BUF(A->xmid);
         memcpy(xmid, x, (size_t)N * C * sizeof(float));
         mf_half_from_f32(dt, in16, atty, (size_t)N * C);
@@ -955,7 +956,7 @@ static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int rec
     LORA_FWD(MF_LORA_ATTN_C_ATTN, ln1, qkv);
     /* FlashAttention: only the output and each row's log-sum-exp are kept;
      * the T x T scores are recomputed tile by tile in backward */
-    mf_flash_attention_forward(atty, lse, qkv, B, T, C, NH);
+    mf_flash_attention_doc_forward(atty, lse, qkv, B, T, NH, NH, C / NH, 0, mf_model_doc_pos(m, a));
     /* xmid = x + (atty @ Wproj + b): the GEMM writes xmid (beta = 0), then
      * one pass per row adds the residual and the bias and computes ln_2
      * while the row is in cache (xmid is kept: ln_2's backward reads it) */
@@ -1022,6 +1023,11 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
         else if (h16) mf_embed_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, N, C);
         else mf_embed_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), N, C);
         mf_llama_rope_fill(m, a, T);
+    } else if (mf_model_doc_pos(m, a)) {
+        /* packed documents: each token's learned position is its place in its document */
+        if (h16) mf_embed_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, N, C);
+        else mf_embed_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), N, C);
+        mf_pos_embed_add(BUF(m->res[0]), tensor_p(m, a, WPE), mf_model_doc_pos(m, a), N, C);
     } else if (h16) mf_encoder_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, tensor_p(m, a, WPE), B, T, C);
     else mf_encoder_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), tensor_p(m, a, WPE), B, T, C);
     for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T, 0, 1);
@@ -1107,7 +1113,11 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     if (dln && HW != WTE) grads_done(m, HW, 1);  /* an untied head's gradient is complete */
     m->logits_all = 0;
     mf_sgemm_scratch(NULL, 0);
-    return sum / N;
+    /* the mean over the targets that count (MF_TARGET_IGNORE ones do not),
+     * as PyTorch's cross_entropy with ignore_index; all of them in plain text */
+    int counted = 0;
+    for (int n = 0; n < N; n++) counted += tgt[n] != MF_TARGET_IGNORE;
+    return counted ? sum / counted : 0.0;
 }
 
 void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
@@ -1172,8 +1182,8 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
                                   BUF(A->ln2_mean), BUF(A->ln2_rstd), N, C);
             mf_half_from_f32(dt, in16, BUF(A->atty), (size_t)N * C);
             mf_matmul16_backward(dt, dln, G(l, PROJW), G(l, PROJB), dres, d16, in16, P(l, PROJW), N, C, C, gs, gb);
-            mf_flash_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
-                                        B, T, C, NH);
+            mf_flash_attention_doc_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
+                                            B, T, NH, NH, C / NH, 0, mf_model_doc_pos(m, a));
             mf_matmul16_backward(dt, dln, G(l, QKVW), G(l, QKVB), dqkv, d16, BUF(A->ln1), P(l, QKVW), N, C, 3 * C, gs, gb);
             mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->rres[l]), P(l, LN1W),
                                   BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
@@ -1196,8 +1206,8 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
         LORA_BWD_P(MF_LORA_ATTN_C_PROJ, dres, BUF(A->atty));
         linear_bwd(m, a, l, PROJW, dln, dres, BUF(A->atty), N, C, C);
         LORA_BWD_X(MF_LORA_ATTN_C_PROJ, dln);
-        mf_flash_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
-                                    B, T, C, NH);
+        mf_flash_attention_doc_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
+                                        B, T, NH, NH, C / NH, 0, mf_model_doc_pos(m, a));
         LORA_BWD_P(MF_LORA_ATTN_C_ATTN, dqkv, BUF(A->ln1));
         linear_bwd(m, a, l, QKVW, dln, dqkv, BUF(A->ln1), N, C, 3 * C);
         LORA_BWD_X(MF_LORA_ATTN_C_ATTN, dln);
@@ -1214,7 +1224,10 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
         grads_done(m, WTE, 1);
     } else {
     grads_start(m, a, WPE, 1);
-    if (!m->tensors[WTE].frozen)
+    if (!m->tensors[WTE].frozen && mf_model_doc_pos(m, a)) {
+        mf_embed_backward(tensor_g(m, a, WTE), dres, mf_arena_get(a, m->inputs), N, C);
+        mf_pos_embed_backward(tensor_g(m, a, WPE), dres, mf_model_doc_pos(m, a), N, C);
+    } else if (!m->tensors[WTE].frozen)
         mf_encoder_backward(tensor_g(m, a, WTE), tensor_g(m, a, WPE), dres, mf_arena_get(a, m->inputs), B, T, C);
     grads_done(m, WTE, 2);
     }

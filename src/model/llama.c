@@ -182,8 +182,10 @@ void mf_llama_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int r
     proj_fwd(m, a, &c, l, MF_LT_Q, qkv, QKV, ln1, N, 0.0f);
     proj_fwd(m, a, &c, l, MF_LT_K, qkv + AO, QKV, ln1, N, 0.0f);
     proj_fwd(m, a, &c, l, MF_LT_V, qkv + AO + KV, QKV, ln1, N, 0.0f);
-    mf_rope_apply(qkv, BUF(m->rope), NULL, B, T, d->NH, d->NKV, d->hd, 0);
-    mf_flash_attention_gqa_forward(atty, BUF(A->lse), qkv, B, T, d->NH, d->NKV, d->hd, d->window);
+    /* packed documents (pos != NULL): positions restart at each document */
+    const int32_t *pos = mf_model_doc_pos(m, a);
+    mf_rope_apply(qkv, BUF(m->rope), pos, B, T, d->NH, d->NKV, d->hd, 0);
+    mf_flash_attention_doc_forward(atty, BUF(A->lse), qkv, B, T, d->NH, d->NKV, d->hd, d->window, pos);
     float *xmid = BUF(A->xmid);
     memcpy(xmid, x, (size_t)N * C * sizeof(float));
     const void *ain = atty;
@@ -241,9 +243,10 @@ void mf_llama_block_backward(mf_model *m, mf_arena *a, int l, int B, int T) {
         ain = mf_arena_get(a, m->in16);
     }
     proj_bwd(m, a, &c, l, MF_LT_O, dln, 0.0f, dres, C, ain, N);
-    mf_flash_attention_gqa_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse), B, T,
-                                    d->NH, d->NKV, d->hd, d->window);
-    mf_rope_apply(dqkv, BUF(m->rope), NULL, B, T, d->NH, d->NKV, d->hd, 1);
+    const int32_t *pos = mf_model_doc_pos(m, a);
+    mf_flash_attention_doc_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse), B, T,
+                                    d->NH, d->NKV, d->hd, d->window, pos);
+    mf_rope_apply(dqkv, BUF(m->rope), pos, B, T, d->NH, d->NKV, d->hd, 1);
     proj_bwd(m, a, &c, l, MF_LT_Q, dln, 0.0f, dqkv, QKV, ln1, N);
     proj_bwd(m, a, &c, l, MF_LT_K, dln, 1.0f, dqkv + AO, QKV, ln1, N);
     proj_bwd(m, a, &c, l, MF_LT_V, dln, 1.0f, dqkv + AO + KV, QKV, ln1, N);
