@@ -50,7 +50,7 @@ typedef struct {
     int val_every, val_batches;
     char chat_template[16];   /* chat data: llama3 | chatml | llama2 | smollm2 | "" (detected) */
     char train_on[16];        /* completion | prompt_too */
-    char packing[4];          /* on | off */
+    char packing[8];          /* on | off */
     int skip_bad_lines;
     /* sampling */
     int sample_every, sample_tokens, top_k;
