@@ -215,6 +215,7 @@ typedef struct {
     int64_t positions, pad, targets;      /* over all rows: positions, padding, counted targets */
     size_t bytes;        /* heap bytes the store holds (ids, mask, off, row) */
     mf_sft_opts o;
+    mf_chat_template tpl; /* the template it was rendered with */
 } mf_sft_data;
 
 /* Reads, renders (template tpl), tokenizes and lays out `path`. Errors

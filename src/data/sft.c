@@ -134,6 +134,7 @@ int mf_sft_load(mf_sft_data *d, const char *path, const mf_tokenizer *tok, mf_ch
                 const mf_sft_opts *o, int64_t max_id) {
     memset(d, 0, sizeof *d);
     d->o = *o;
+    d->tpl = tpl;
     if (o->T < 1) return mf_fail("chat data: seq %d", o->T);
     FILE *f = fopen(path, "rb");
     if (!f) return mf_fail("cannot open %s: %s", path, strerror(errno));
