@@ -56,4 +56,13 @@ expect_error empty-file "no examples" "$M" train "${tiny[@]}" --data "$W/empty.j
 { echo '{"prompt": 1}'; } >"$W/allbad.jsonl"
 expect_error all-skipped "no examples (1 lines, 1 skipped)" "$M" train "${tiny[@]}" --data "$W/allbad.jsonl" --skip_bad_lines
 
+# a run end to end: train a few steps, write the model, answer greedily
+"$M" train "${tiny[@]}" --data "$W/good.jsonl" --out_dir "$W/run" >"$W/out" 2>"$W/err" || {
+    echo "FAIL train for eval-chat"; cat "$W/err"; fail=1; }
+"$M" eval-chat "${tiny[@]}" --init "$W/run/model.safetensors" --data "$W/good.jsonl" --sample_tokens 4 >"$W/out" 2>"$W/err"
+if grep -qE "^eval-chat: .*: exact match [0-3]/3 \([0-9.]+%\); unit error rate [0-9]+/3 " "$W/out"; then
+    echo "ok   eval-chat: $(tail -n 1 "$W/out")"
+else echo "FAIL eval-chat"; cat "$W/out" "$W/err"; fail=1; fi
+expect_error eval-chat-not-chat "must be a .jsonl chat file" "$M" eval-chat "${tiny[@]}" --init "$W/run/model.safetensors" --data "$W/x.tok"
+
 exit $fail
