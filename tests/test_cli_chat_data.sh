@@ -56,6 +56,19 @@ expect_error empty-file "no examples" "$M" train "${tiny[@]}" --data "$W/empty.j
 { echo '{"prompt": 1}'; } >"$W/allbad.jsonl"
 expect_error all-skipped "no examples (1 lines, 1 skipped)" "$M" train "${tiny[@]}" --data "$W/allbad.jsonl" --skip_bad_lines
 
+# the template from the tokenizer folder's tokenizer_config.json (cached by
+# scripts/fetch_data.sh; skipped when absent)
+HF=${MEMFIT_CACHE:-$HOME/.cache/memfit}/hf
+if [ -f "$HF/llama3/tokenizer_config.json" ]; then
+    "$M" train --model llama-tiny --tokenizer "$HF/llama3/tokenizer.json" --vocab_size 128256 --data "$W/good.jsonl" \
+        --seq 64 --batch 1 --steps 1 --sample_tokens 0 --threads 2 >"$W/out" 2>"$W/err"
+    if grep -q "(llama3 template, packing on" "$W/out"; then echo "ok   detected llama3 template"
+    else echo "FAIL llama3 template not detected"; cat "$W/out" "$W/err"; fail=1; fi
+    # Llama 2's tokenizer_config.json in that package has no chat_template
+    expect_error no-chat-template "no chat_template (or give --chat_template)" "$M" train --model llama-tiny \
+        --tokenizer "$HF/llama2/tokenizer.json" --vocab_size 32000 --data "$W/good.jsonl" --seq 64 --steps 1
+else echo "skip template detection: $HF/llama3 not cached (scripts/fetch_data.sh)"; fi
+
 # a run end to end: train a few steps, write the model, answer greedily
 "$M" train "${tiny[@]}" --data "$W/good.jsonl" --out_dir "$W/run" >"$W/out" 2>"$W/err" || {
     echo "FAIL train for eval-chat"; cat "$W/err"; fail=1; }
