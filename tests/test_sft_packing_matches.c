@@ -11,7 +11,9 @@
  *     give the same loss and gradients: every micro-batch divides by the
  *     whole step's count of targets, not its own (rows hold different
  *     counts, so a per-micro-batch mean would differ).
- *   - Packing off puts one example per row; prompt_too counts every target. */
+ *   - Packing off puts one example per row, and splits an example longer
+ *     than a row into pieces without losing or repeating a target;
+ *     prompt_too counts every target. */
 #include "memfit/train.h"
 #include "testutil.h"
 
@@ -146,6 +148,16 @@ static void layouts(void) {
           (long long)t.sft.n_rows, (long long)t.sft.n_ex, t.model.pos);
     /* padding: every position not an example's input */
     CHECK(t.sft.pad == t.sft.positions - (t.sft.n_ids - t.sft.n_ex), "padding %lld", (long long)t.sft.pad);
+    int64_t whole = t.sft.targets;
+    mf_trainer_free(&t);
+    /* packing off, rows shorter than the examples: each is split into
+     * pieces that overlap by one id, so every target counts exactly once */
+    set_common(&c, "gpt2-1m", "1", "off");
+    mf_config_set(&c, "seq", "32");
+    if (mf_trainer_init(&t, &c, MF_MODE_TRAIN)) { CHECK(0, "%s", mf_error()); return; }
+    CHECK(t.sft.split > 0 && t.sft.targets == whole && t.sft.n_conv == 8,
+          "split: %lld extra pieces, %lld targets (unsplit %lld), %lld conversations", (long long)t.sft.split,
+          (long long)t.sft.targets, (long long)whole, (long long)t.sft.n_conv);
     mf_trainer_free(&t);
     set_common(&c, "gpt2-1m", "1", "on");
     mf_config_set(&c, "train_on", "prompt_too");

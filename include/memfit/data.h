@@ -196,9 +196,12 @@ int mf_chat_tokenize(const mf_tokenizer *t, const mf_chat_rendered *r, int32_t *
  * (inputs ids[0..n-2], targets ids[1..n-1]); a target counts for the loss
  * when its id lies in a loss span (or always, prompt_too). Packing on:
  * examples in file order fill each row until the next does not fit (no
- * example is split); positions restart at 0 with each example, so the
- * attention's document mask keeps examples apart. Packing off: one example
- * per row. The rest of a row is padding: input id 0, target ignored. */
+ * example is split; a longer one is an error, or skipped); positions
+ * restart at 0 with each example, so the attention's document mask keeps
+ * examples apart. Packing off: one example per row, an example of more
+ * than T + 1 ids split into pieces (each piece an example: the piece's
+ * first id is the previous piece's last, and it does not see earlier
+ * pieces). The rest of a row is padding: input id 0, target ignored. */
 typedef struct {
     int T;               /* positions per row (the run's seq) */
     int prompt_too;      /* targets in the prompt count too */
@@ -212,6 +215,7 @@ typedef struct {
     uint32_t *row;       /* (n_rows+1) row r holds examples row[r] .. row[r+1]-1 */
     int64_t n_ids, n_ex, n_rows;
     int64_t lines, skipped, skipped_long; /* lines read; bad ones skipped (of them too long) */
+    int64_t n_conv, split;                /* conversations kept; extra pieces of split ones (packing off) */
     int64_t positions, pad, targets;      /* over all rows: positions, padding, counted targets */
     size_t bytes;        /* heap bytes the store holds (ids, mask, off, row) */
     mf_sft_opts o;
@@ -221,7 +225,7 @@ typedef struct {
 /* Reads, renders (template tpl), tokenizes and lays out `path`. Errors
  * (without skip_bad) name the line: malformed JSON, unknown role, empty
  * assistant turn, a conversation the template cannot express, an example
- * longer than T + 1 ids; an id >= max_id; no examples at all. A progress
+ * longer than T + 1 ids (with packing); an id >= max_id; no examples at all. A progress
  * line goes to stderr every 20000 lines. 0, or -1 (nothing kept). */
 int mf_sft_load(mf_sft_data *d, const char *path, const mf_tokenizer *tok, mf_chat_template tpl,
                 const mf_sft_opts *o, int64_t max_id);

@@ -54,7 +54,8 @@ static int only_space(const char *s, size_t n) {
 
 /* One line into ids/mask; 1 = bad line (message in mf_error), -1 = out of memory. */
 static int add_line(const char *line, size_t len, long lineno, const mf_tokenizer *tok, mf_chat_template tpl,
-                    const mf_sft_opts *o, int64_t max_id, vec *ids, vec *mask, vec *off, int *too_long) {
+                    const mf_sft_opts *o, int64_t max_id, vec *ids, vec *mask, vec *off, int *too_long,
+                    int64_t *pieces) {
     mf_chat c;
     *too_long = 0;
     if (mf_chat_parse_line(line, len, lineno, &c)) return 1;
@@ -75,7 +76,7 @@ static int add_line(const char *line, size_t len, long lineno, const mf_tokenize
     if (n < 2) {
         bad = 1;
         mf_fail("line %ld: the conversation is %zu tokens, fewer than 2", lineno, n);
-    } else if ((int64_t)n - 1 > o->T) {
+    } else if ((int64_t)n - 1 > o->T && o->packing) {
         *too_long = 1;
         bad = 1;
         mf_fail("line %ld: the example is %zu tokens, more than seq %d + 1 (raise --seq, or --skip_bad_lines to skip it)",
@@ -85,18 +86,24 @@ static int add_line(const char *line, size_t len, long lineno, const mf_tokenize
         if (ti[i] < 0 || ti[i] >= max_id)
             bad = 1, mf_fail("line %ld: token id %d is outside the model's vocabulary of %lld", lineno, ti[i],
                              (long long)max_id);
-    if (!bad) {
-        if (vec_reserve(ids, n) || vec_reserve(mask, n) || vec_reserve(off, 1)) {
+    /* without packing, an example longer than a row is split into pieces
+     * of T + 1 ids, each piece's first id the previous piece's last (so
+     * every target is predicted exactly once); a piece does not see the
+     * pieces before it */
+    for (size_t s = 0; !bad && s + 1 < n; s += (size_t)o->T) {
+        size_t e = s + (size_t)o->T + 1 < n ? s + (size_t)o->T + 1 : n, k = e - s;
+        if (vec_reserve(ids, k) || vec_reserve(mask, k) || vec_reserve(off, 1)) {
             free(ti);
             free(tm);
             return -1;
         }
         uint32_t *di = (uint32_t *)ids->p + ids->n;
         uint8_t *dm = (uint8_t *)mask->p + mask->n;
-        for (size_t i = 0; i < n; i++) di[i] = (uint32_t)ti[i], dm[i] = o->prompt_too ? 1 : tm[i];
-        ids->n += n;
-        mask->n += n;
+        for (size_t i = 0; i < k; i++) di[i] = (uint32_t)ti[s + i], dm[i] = o->prompt_too ? 1 : tm[s + i];
+        ids->n += k;
+        mask->n += k;
         ((uint64_t *)off->p)[off->n++] = ids->n;
+        *pieces += 1;
     }
     free(ti);
     free(tm);
@@ -151,7 +158,9 @@ int mf_sft_load(mf_sft_data *d, const char *path, const mf_tokenizer *tok, mf_ch
         if (lineno % 20000 == 0) fprintf(stderr, "chat data: %s: %ld lines tokenized\n", path, lineno);
         if (only_space(line, (size_t)len)) continue;
         int too_long = 0;
-        int r = add_line(line, (size_t)len, lineno, tok, tpl, o, max_id, &ids, &mask, &off, &too_long);
+        int64_t pieces = 0;
+        int r = add_line(line, (size_t)len, lineno, tok, tpl, o, max_id, &ids, &mask, &off, &too_long, &pieces);
+        if (r == 0) d->n_conv++, d->split += pieces > 1 ? pieces - 1 : 0;
         if (r < 0) { rc = mf_fail("out of memory tokenizing %s", path); break; }
         if (r > 0 && !o->skip_bad) {
             char msg[1024];
@@ -170,7 +179,7 @@ int mf_sft_load(mf_sft_data *d, const char *path, const mf_tokenizer *tok, mf_ch
     d->off = vec_fit(&off);
     d->n_ids = (int64_t)ids.n;
     d->n_ex = (int64_t)off.n - 1;
-    if (rc == 0 && d->n_ex == 0)
+    if (rc == 0 && d->n_conv == 0)
         rc = mf_fail("%s: no examples (%ld lines, %lld skipped)", path, lineno, (long long)d->skipped);
     if (rc == 0 && d->n_ex >= UINT32_MAX) rc = mf_fail("%s: more than 2^32 examples", path);
     if (rc == 0 && lay_out_rows(d)) rc = mf_fail("out of memory laying out %s", path);

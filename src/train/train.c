@@ -262,10 +262,11 @@ static int open_chat(mf_trainer *t) {
     const mf_sft_data *d = &t->sft;
     if (t->rank == 0)
         printf("chat data: %s (%s template, packing %s, loss on %s): %lld examples from %lld lines (%lld skipped, "
-               "%lld of them too long), %lld rows of %d: %lld targets in the loss, %lld padding positions (%.1f%%); "
-               "store %.2f MiB (heap, in the baseline)\n", t->cfg.data, mf_chat_template_name(tpl),
-               o.packing ? "on" : "off", o.prompt_too ? "every token" : "assistant turns", (long long)d->n_ex,
-               (long long)d->lines, (long long)d->skipped, (long long)d->skipped_long, (long long)d->n_rows, t->T,
+               "%lld of them too long; %lld extra pieces of split examples), %lld rows of %d: %lld targets in the loss, "
+               "%lld padding positions (%.1f%%); store %.2f MiB (heap, in the baseline)\n", t->cfg.data,
+               mf_chat_template_name(tpl), o.packing ? "on" : "off", o.prompt_too ? "every token" : "assistant turns",
+               (long long)d->n_conv, (long long)d->lines, (long long)d->skipped, (long long)d->skipped_long,
+               (long long)d->split, (long long)d->n_rows, t->T,
                (long long)d->targets, (long long)d->pad, 100.0 * (double)d->pad / (double)d->positions,
                (double)d->bytes / (1 << 20));
     t->n_val_batches = 0;
