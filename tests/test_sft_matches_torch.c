@@ -1,7 +1,9 @@
 /* Chat fine-tuning's loss against PyTorch (tests/ref/llama_torch.py
  * make-sft-case, written from cross_entropy's ignore_index and a
  * block-diagonal causal mask, not from our C): a Llama batch (GQA, untied
- * head) whose prompt targets and document-boundary targets are ignored
+ * head), and a GPT-2 one (tests/ref/gpt2_torch.py make-sft-case: learned
+ * positions by document, tied head, packed), whose prompt targets and
+ * document-boundary targets are ignored
  *   - packed: each row holds several documents, positions restart at 0 per
  *     document, attention stays inside each (--packing on: data.pos);
  *   - one sequence per row (--packing off): the masked loss alone;
@@ -21,15 +23,20 @@
 #define B_ 2
 #define V_ 256
 
-static void run_case(const char *src, const char *name, int packed) {
+static void run_case(const char *src, const char *name, int packed, int gpt2) {
     char dir[] = "/tmp/memfit-sft-parity-XXXXXX", cmd[2048], p[1200];
     if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
     printf("== %s\n", name);
-    snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/tests/ref/llama_torch.py make-sft-case --out %s --layers 2 --hidden 64 --heads 8 "
-             "--kv_heads 2 --head_dim 8 --inter 96 --vocab %d --seq %d --batch %d --seed 3 --tied 0 "
-             "--norm_jitter 0.1 --packed %d",
-             src, dir, V_, T_, B_, packed);
+    if (gpt2)
+        snprintf(cmd, sizeof cmd,
+                 "/usr/bin/python3 %s/tests/ref/gpt2_torch.py make-sft-case --out %s --layers 2 --embd 32 --heads 4 "
+                 "--vocab %d --seq %d --batch %d --seed 3", src, dir, V_, T_, B_);
+    else
+        snprintf(cmd, sizeof cmd,
+                 "/usr/bin/python3 %s/tests/ref/llama_torch.py make-sft-case --out %s --layers 2 --hidden 64 --heads 8 "
+                 "--kv_heads 2 --head_dim 8 --inter 96 --vocab %d --seq %d --batch %d --seed 3 --tied 0 "
+                 "--norm_jitter 0.1 --packed %d",
+                 src, dir, V_, T_, B_, packed);
     if (system(cmd) != 0) { CHECK(0, "reference failed: %s (needs /usr/bin/python3 with python3-torch)", cmd); return; }
     /* the trainer needs chat data to plan for: one short example */
     char jl[1200];
@@ -43,7 +50,13 @@ static void run_case(const char *src, const char *name, int packed) {
                            {"packing", packed ? "on" : "off"}};
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) CHECK(mf_config_set(&c, kv[i][0], kv[i][1]) == 0, "%s", mf_error());
     mf_config_set(&c, "data", jl);
-    snprintf(p, sizeof p, "%s/hf", dir);
+    if (gpt2) {
+        /* GPT-2 from the reference's weights file (HF GPT-2 names) */
+        const char *g[][2] = {{"model", "gpt2-1m"}, {"n_layer", "2"}, {"n_embd", "32"}, {"n_head", "4"},
+                              {"block_size", "32"}};
+        for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) CHECK(mf_config_set(&c, g[i][0], g[i][1]) == 0, "%s", mf_error());
+        snprintf(p, sizeof p, "%s/weights.safetensors", dir);
+    } else snprintf(p, sizeof p, "%s/hf", dir);
     mf_config_set(&c, "init", p);
     mf_st_file batch, ref;
     snprintf(p, sizeof p, "%s/batch.safetensors", dir);
@@ -94,7 +107,8 @@ static void run_case(const char *src, const char *name, int packed) {
 int main(void) {
     const char *src = getenv("MEMFIT_SRC");
     src = src ? src : "..";
-    run_case(src, "packed documents, prompts and boundaries ignored", 1);
-    run_case(src, "one sequence per row, prompts ignored", 0);
+    run_case(src, "Llama: packed documents, prompts and boundaries ignored", 1, 0);
+    run_case(src, "Llama: one sequence per row, prompts ignored", 0, 0);
+    run_case(src, "GPT-2: packed documents (learned positions restart), prompts and boundaries ignored", 1, 1);
     return mf_test_done("test_sft_matches_torch");
 }
