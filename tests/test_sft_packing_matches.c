@@ -13,7 +13,8 @@
  *     counts, so a per-micro-batch mean would differ).
  *   - Packing off puts one example per row, and splits an example longer
  *     than a row into pieces without losing or repeating a target;
- *     prompt_too counts every target. */
+ *     without --seq the rows are as long as the longest example (rounded
+ *     up to 8); prompt_too counts every target. */
 #include "memfit/train.h"
 #include "testutil.h"
 
@@ -158,6 +159,20 @@ static void layouts(void) {
     CHECK(t.sft.split > 0 && t.sft.targets == whole && t.sft.n_conv == 8,
           "split: %lld extra pieces, %lld targets (unsplit %lld), %lld conversations", (long long)t.sft.split,
           (long long)t.sft.targets, (long long)whole, (long long)t.sft.n_conv);
+    mf_trainer_free(&t);
+    /* packing off and no --seq: the plan is for the longest example (a
+     * multiple of 8), not for block_size */
+    mf_config_defaults(&c);
+    const char *kv[][2] = {{"model", "gpt2-1m"}, {"tokenizer", "bytes"}, {"chat_template", "chatml"},
+                           {"batch", "1"}, {"sample_tokens", "0"}, {"threads", "2"}, {"packing", "off"},
+                           {"n_layer", "2"}};
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) mf_config_set(&c, kv[i][0], kv[i][1]);
+    mf_config_set(&c, "data", jsonl);
+    if (mf_trainer_init(&t, &c, MF_MODE_TRAIN)) { CHECK(0, "%s", mf_error()); return; }
+    int longest = mf_sft_longest(&t.sft);
+    CHECK(t.T == (longest + 7) / 8 * 8 && t.T < t.d.maxT && t.model.T == t.T && t.sft.o.T == t.T,
+          "seq unset: rows of %d (model %d, store %d) for a longest example of %d (block %d)", t.T, t.model.T,
+          t.sft.o.T, longest, t.d.maxT);
     mf_trainer_free(&t);
     set_common(&c, "gpt2-1m", "1", "on");
     mf_config_set(&c, "train_on", "prompt_too");

@@ -230,6 +230,10 @@ typedef struct {
 int mf_sft_load(mf_sft_data *d, const char *path, const mf_tokenizer *tok, mf_chat_template tpl,
                 const mf_sft_opts *o, int64_t max_id);
 void mf_sft_free(mf_sft_data *d);
+/* The most positions one example (or piece) fills: its ids less one. */
+int mf_sft_longest(const mf_sft_data *d);
+/* Lays the examples out again in rows of T positions (T >= the longest). */
+int mf_sft_relayout(mf_sft_data *d, int T);
 /* Row r (taken modulo n_rows) into in, tg (MF_TARGET_IGNORE (-1) for
  * targets that do not count) and pos (NULL: not written), T each. Returns
  * the number of targets that count. */

@@ -192,6 +192,25 @@ int mf_sft_load(mf_sft_data *d, const char *path, const mf_tokenizer *tok, mf_ch
     return 0;
 }
 
+int mf_sft_longest(const mf_sft_data *d) {
+    int64_t m = 0;
+    for (int64_t e = 0; e < d->n_ex; e++)
+        if ((int64_t)(d->off[e + 1] - d->off[e]) - 1 > m) m = (int64_t)(d->off[e + 1] - d->off[e]) - 1;
+    return (int)m;
+}
+
+int mf_sft_relayout(mf_sft_data *d, int T) {
+    if (T < mf_sft_longest(d)) return mf_fail("chat data: rows of %d positions are shorter than an example", T);
+    free(d->row);
+    d->row = NULL;
+    d->o.T = T;
+    d->pad = d->targets = 0;
+    if (lay_out_rows(d)) return mf_fail("out of memory laying out the chat data");
+    d->bytes = (size_t)d->n_ids * (sizeof *d->ids + sizeof *d->mask) + (size_t)(d->n_ex + 1) * sizeof *d->off +
+               (size_t)(d->n_rows + 1) * sizeof *d->row;
+    return 0;
+}
+
 int mf_sft_fill_row(const mf_sft_data *d, int64_t r, int32_t *in, int32_t *tg, int32_t *pos) {
     r %= d->n_rows;
     int k = 0, counted = 0, T = d->o.T;

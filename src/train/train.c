@@ -259,6 +259,16 @@ static int open_chat(mf_trainer *t) {
     mf_sft_opts o = {t->T, strcmp(t->cfg.train_on, "prompt_too") == 0, mf_config_packs(&t->cfg), t->cfg.skip_bad_lines};
     if (mf_sft_load(&t->sft, t->cfg.data, t->tok, tpl, &o, t->d.V)) return -1;
     t->chat = 1;
+    /* one example per row and no --seq: plan for the longest example the
+     * data holds (a multiple of 8), not for block_size */
+    if (!o.packing && !mf_config_was_set(&t->cfg, "seq")) {
+        int longest = mf_sft_longest(&t->sft), T = (longest + 7) / 8 * 8;
+        if (T < t->T) {
+            if (mf_sft_relayout(&t->sft, T)) return -1;
+            t->T = T;
+            t->cfg.seq = T;
+        }
+    }
     const mf_sft_data *d = &t->sft;
     if (t->rank == 0)
         printf("chat data: %s (%s template, packing %s, loss on %s): %lld examples from %lld lines (%lld skipped, "
