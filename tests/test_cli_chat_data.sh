@@ -69,6 +69,16 @@ if [ -f "$HF/llama3/tokenizer_config.json" ]; then
         --tokenizer "$HF/llama2/tokenizer.json" --vocab_size 32000 --data "$W/good.jsonl" --seq 64 --steps 1
 else echo "skip template detection: $HF/llama3 not cached (scripts/fetch_data.sh)"; fi
 
+# resume: the checkpoint records the next row, so steps 4-6 of a resumed
+# run are those of an uninterrupted one
+"$M" train "${tiny[@]}" --data "$W/good.jsonl" --steps 6 --metrics "$W/r1.jsonl" >/dev/null 2>&1
+"$M" train "${tiny[@]}" --data "$W/good.jsonl" --steps 3 --out_dir "$W/r2" >/dev/null 2>&1
+"$M" train "${tiny[@]}" --data "$W/good.jsonl" --steps 6 --resume "$W/r2/checkpoint.safetensors" --metrics "$W/r2.jsonl" \
+    >/dev/null 2>&1
+if cmp <(grep -o '"step":[4-6],"loss":[^,]*' "$W/r1.jsonl") <(grep -o '"step":[4-6],"loss":[^,]*' "$W/r2.jsonl") >/dev/null &&
+   [ "$(grep -c '"step":[4-6],' "$W/r2.jsonl")" -eq 3 ]; then echo "ok   resume: steps 4-6 identical"
+else echo "FAIL resume changed the losses"; fail=1; fi
+
 # a run end to end: train a few steps, write the model, answer greedily
 "$M" train "${tiny[@]}" --data "$W/good.jsonl" --out_dir "$W/run" >"$W/out" 2>"$W/err" || {
     echo "FAIL train for eval-chat"; cat "$W/err"; fail=1; }
