@@ -1,7 +1,8 @@
 /* memfit train: the training driver that ties config, plan, arena, model,
  * data, optimizer and checkpoints together.
  *
- * Owns: the plan, the arena, the ledger, the open token files, the
+ * Owns: the plan, the arena, the ledger, the open token files (or the
+ * chat-data store, src/data/sft.c: heap, before the baseline), the
  * tokenizer and small fixed heap buffers allocated once at start-up
  * (sampling context). Promises: after mf_trainer_init returns, a training
  * step allocates nothing; the process baseline RSS is measured before the
