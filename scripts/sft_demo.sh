@@ -44,7 +44,7 @@ cmudict() {
             if (++m % 10 == 0) print line >te; else print line >tr
         }' "$CACHE/sft/cmudict.txt"
     echo "== cmudict: $(wc -l <"$tr") words trained on, $(wc -l <"$te") held out"
-    "$M" train "${model[@]}" --data "$tr" --seq 128 --batch 16 --steps 1000 --lr 3e-3 --warmup 50 \
+    "$M" train "${model[@]}" --data "$tr" --seq 128 --batch 16 --steps 1500 --lr 2e-3 --warmup 100 \
         --weight_decay 0.1 --sample_tokens 0 --val_every 0 --log_every 100 --out_dir "$OUT/cmudict"
     "$M" eval-chat "${model[@]}" --init "$OUT/cmudict" --data "$te" --seq 128 --sample_tokens 40 | tail -n 1
 }
