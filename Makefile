@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 export MEMFIT_CACHE ?= $(HOME)/.cache/memfit
 
-.PHONY: all deps-build deps-test data demo test bench clean
+.PHONY: all deps-build deps-test data demo sft-demo test bench clean
 
 all: build/memfit
 
@@ -24,6 +24,11 @@ data:
 
 demo: build/memfit data
 	./build/memfit train --config configs/demo.yaml
+
+# supervised fine-tuning from scratch on two pinned chat data sets, scored
+# by greedy answers (scripts/sft_demo.sh; README "Chat data")
+sft-demo: build/memfit
+	@MEMFIT_BIN=./build/memfit bash scripts/sft_demo.sh
 
 test: deps-test data
 	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null

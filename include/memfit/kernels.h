@@ -84,10 +84,14 @@ void mf_bias_gelu_forward(float *out, float *pre, const float *bias, int N, int 
 void mf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 
 /* Softmax cross-entropy over the first V of Vp logit columns (columns V..Vp-1
- * are padding and never enter the softmax). logits (N,Vp), targets (N).
+ * are padding and never enter the softmax). logits (N,Vp), targets (N);
+ * a target of MF_TARGET_IGNORE (-1: a prompt token, padding, a document's
+ * last token) is skipped as PyTorch's ignore_index is: its loss is 0 (not
+ * in the sum) and its gradient row is 0.
  * Writes each row's loss into losses (N) and returns their sum (double).
  * If dscale != 0, overwrites logits with d(loss)/d(logits) * dscale, i.e.
  * (softmax - onehot) * dscale, padding columns set to 0. */
+#define MF_TARGET_IGNORE (-1)
 double mf_crossentropy_forward(float *logits, float *losses,
                                const int32_t *targets, int N, int V, int Vp,
                                float dscale);
@@ -169,6 +173,21 @@ void mf_flash_attention_gqa_forward(float *out, float *lse, const float *qkv, in
 void mf_flash_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *out,
                                      const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
                                      int window);
+
+/* The same with documents packed into each row (document masking): pos
+ * (B,T) gives each token's position in its document, 0 at a document's
+ * first token and +1 per token after it; query i then sees only keys of its
+ * own document (j >= i - pos[i]), and key tiles wholly before it are
+ * skipped. pos NULL: exactly mf_flash_attention_gqa_forward / _backward. */
+void mf_flash_attention_doc_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
+                                    int hs, int window, const int32_t *pos);
+void mf_flash_attention_doc_backward(float *dqkv, float *scratch, const float *dout, const float *out,
+                                     const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
+                                     int window, const int32_t *pos);
+/* GPT-2's learned positions for packed documents: out (N,C) += wpe[pos[n]],
+ * and its backward dwpe[pos[n]] += dout[n] (rows added in order). */
+void mf_pos_embed_add(float *out, const float *wpe, const int32_t *pos, int N, int C);
+void mf_pos_embed_backward(float *dwpe, const float *dout, const int32_t *pos, int N, int C);
 
 /* RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm): out = inp * rstd * w,
  * rstd = 1/sqrt(mean(inp^2) + eps), kept (N) for backward. */

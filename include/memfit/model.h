@@ -174,7 +174,9 @@ typedef struct {
     int rope;             /* Llama: the cos/sin table (work, the whole run), -1 for GPT-2 */
     int rope_T;           /* positions the table can hold */
     int rope_filled;      /* positions it holds now (0: not filled yet) */
-    int inputs, targets;  /* (B,T) int32, category data */
+    int inputs, targets;  /* (B,T) int32, category data; a target MF_TARGET_IGNORE (-1) is not in the loss */
+    int pos;              /* packing: (B,T) int32 position of each token in its document (0 at its first
+                           * token), category data; attention stays within a document; -1 without packing */
     int *res;             /* L+1 residual streams (N,C) as forward writes them; res[0] = embeddings */
     int *rres;            /* L+1: the same as backward reads them (rebuilt ones differ) */
     mf_layer_acts *acts;  /* L: rows the forward pass writes */
@@ -307,7 +309,9 @@ void mf_model_zero_state(const mf_model *m, const mf_arena *a, const mf_tensor *
  * trade: fewer, longer sequences fit as well as more, shorter ones. */
 int mf_model_fits(const mf_model *m, int B, int T);
 /* Forward on B x T tokens (B rows of T, that mf_model_fits; inputs/targets
- * already in the arena). Returns the mean loss over B*T positions. If dscale != 0
+ * (and pos, with packing) already in the arena). Returns the mean loss over
+ * the positions whose target is not MF_TARGET_IGNORE (0 if none); the
+ * gradient is each counted position's times dscale. If dscale != 0
  * (training), the head also leaves d(loss)/d(logits) * dscale in the
  * logits buffer for mf_model_backward. If targets is 0, no loss is
  * computed (sampling) and 0 is returned. */

@@ -11,6 +11,7 @@
 #include "observe.h"
 #include "profile.h"
 #include "convert.h"
+#include "eval_chat.h"
 #include "merge.h"
 #include "report.h"
 
@@ -730,6 +731,7 @@ static void usage(FILE *f) {
                "  plan       search the settings for the fastest that fits --budget (Pareto table, --json)\n"
                "  sample     generate text from weights\n"
                "  eval       validation loss of weights\n"
+               "  eval-chat  greedy answers to chat data (--data FILE.jsonl): exact match and unit error rate\n"
                "  tokenize   text to a token file; --encode TEXT (or stdin) to ids, --decode IDS to text\n"
                "  convert    join the per-rank shards of a ZeRO checkpoint into one file\n"
                "  merge      fold a LoRA adapter into a model file's weights (--unmerge takes it out)\n");
@@ -764,6 +766,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     if (strcmp(cmd, "sample") == 0) return mf_dist_finish(cmd_infer(argc - 2, argv + 2, 1));
     if (strcmp(cmd, "eval") == 0) return mf_dist_finish(cmd_infer(argc - 2, argv + 2, 0));
+    if (strcmp(cmd, "eval-chat") == 0) return mf_cli_eval_chat(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
     if (strcmp(cmd, "convert") == 0) return mf_cli_convert(argc - 2, argv + 2);
     if (strcmp(cmd, "merge") == 0) return mf_cli_merge(argc - 2, argv + 2);

@@ -88,7 +88,8 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
     char rc[64];
     fprintf(f, "batch %d x seq %d x accum %d = %d tokens/step, %d threads; train %llu tokens, val %d batches; recompute %s\n",
             t->B, t->T, t->cfg.grad_accum, t->B * t->T * t->cfg.grad_accum, t->nthreads,
-            (unsigned long long)(t->train_hi - t->train_lo), t->n_val_batches,
+            /* chat data: the positions of its rows (padding included) */
+            (unsigned long long)(t->chat ? (uint64_t)t->sft.positions : t->train_hi - t->train_lo), t->n_val_batches,
             recompute_desc(&t->cfg, &t->model, rc, sizeof rc));
     lora_line(f, &t->model, &t->cfg, d);
     if (t->model.cdt != MF_DTYPE_F32)

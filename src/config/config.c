@@ -68,6 +68,10 @@ static const key_row keys[] = {
     {"grad_clip", T_FLOAT, F(grad_clip), 0, "1.0", 0, BIG, "global gradient-norm clip (0 = off)"},
     {"seed", T_U64, F(seed), 0, "1337", 0, 0, "seed for weights, dropout-free sampling and data order"},
     {"data", T_STR, S(data), "", 0, 0, "training token file (memfit tokenize), or a corpus in the cache by name: moby-dick (the default, when empty) or sotu (scripts/fetch_data.sh --sotu)"},
+    {"chat_template", T_STR, S(chat_template), "", 0, 0, "chat data (--data FILE.jsonl): llama3, chatml, llama2 or smollm2 (empty = detected from the tokenizer.json folder's tokenizer_config.json; required with the gpt2 and bytes tokenizers)"},
+    {"train_on", T_STR, S(train_on), "completion", 0, 0, "chat data: completion (the loss covers assistant turns only) or prompt_too (every token)"},
+    {"packing", T_STR, S(packing), "on", 0, 0, "chat data: on (examples concatenated into rows of seq tokens, attention and positions restart at each example) or off (one example per row, padded; longer ones split into rows)"},
+    {"skip_bad_lines", T_BOOL, F(skip_bad_lines), 0, "0", 0, 1, "chat data: count and skip malformed lines, unknown roles, empty assistant turns and (packing on) examples longer than seq + 1 tokens instead of stopping at the first"},
     {"val_data", T_STR, S(val_data), "", 0, 0, "validation token file or corpus name (empty = the last val_fraction of data)"},
     {"val_fraction", T_FLOAT, F(val_fraction), 0, "0.1", 0, 0.9, "share of data held out for validation when val_data is empty"},
     {"val_every", T_INT, F(val_every), 0, "50", 0, 1 << 30, "validate every N steps (0 = only at the end)"},
@@ -196,6 +200,11 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
             return mf_fail("config key 'tokenizer': '%s' is not gpt2, bytes or a path to a tokenizer.json", value);
     }
     if (strcmp(r->key, "decay_on") == 0 && check_enum(r->key, value, decay)) return -1;
+    static const char *const chat[] = {"", "llama3", "chatml", "llama2", "smollm2", NULL};
+    static const char *const on[] = {"completion", "prompt_too", NULL}, *const pk[] = {"on", "off", NULL};
+    if (strcmp(r->key, "chat_template") == 0 && check_enum(r->key, value, chat)) return -1;
+    if (strcmp(r->key, "train_on") == 0 && check_enum(r->key, value, on)) return -1;
+    if (strcmp(r->key, "packing") == 0 && check_enum(r->key, value, pk)) return -1;
     if (strcmp(r->key, "optimizer") == 0 && check_enum(r->key, value, opt)) return -1;
     static const char *const prec[] = {"fp32", "bf16", "fp16", NULL};
     if (strcmp(r->key, "precision") == 0 && check_enum(r->key, value, prec)) return -1;
@@ -359,3 +368,10 @@ int mf_config_to_yaml(const mf_config *c, char *buf, size_t n) {
     }
     return 0;
 }
+
+int mf_config_is_chat(const mf_config *c) {
+    size_t n = strlen(c->data);
+    return n > 6 && strcmp(c->data + n - 6, ".jsonl") == 0;
+}
+
+int mf_config_packs(const mf_config *c) { return mf_config_is_chat(c) && strcmp(c->packing, "on") == 0; }

@@ -227,7 +227,14 @@ void mf_embed_block_forward(mf_model *m, mf_arena *a, int B, int T) {
     const int32_t *inp = mf_arena_get(a, m->inputs);
     float *out = BUF(m->res[0]);
     const void *wte = mf_model_tensor_p(m, a, m->t_emb);
-    if (bd->learned_pos) {
+    const int32_t *pos = mf_model_doc_pos(m, a);
+    if (bd->learned_pos && pos) {
+        /* packed documents: each token's learned position is its place in its document */
+        const float *wpe = mf_model_tensor_p(m, a, m->t_pos);
+        if (h16) mf_embed_forward16(out, inp, wte, m->cdt, N, C);
+        else mf_embed_forward(out, inp, wte, N, C);
+        mf_pos_embed_add(out, wpe, pos, N, C);
+    } else if (bd->learned_pos) {
         const float *wpe = mf_model_tensor_p(m, a, m->t_pos);
         if (h16) mf_encoder_forward16(out, inp, wte, m->cdt, wpe, B, T, C);
         else mf_encoder_forward(out, inp, wte, wpe, B, T, C);
@@ -243,7 +250,11 @@ void mf_embed_block_backward(mf_model *m, mf_arena *a, int B, int T) {
     if (m->tensors[m->t_emb].frozen) return;
     const int32_t *inp = mf_arena_get(a, m->inputs);
     float *dres = BUF(m->dres), *dwte = mf_model_tensor_g(m, a, m->t_emb);
-    if (mf_model_block_desc(&m->d)->learned_pos)
+    const int32_t *pos = mf_model_doc_pos(m, a);
+    if (mf_model_block_desc(&m->d)->learned_pos && pos) {
+        mf_embed_backward(dwte, dres, inp, B * T, m->d.C);
+        mf_pos_embed_backward(mf_model_tensor_g(m, a, m->t_pos), dres, pos, B * T, m->d.C);
+    } else if (mf_model_block_desc(&m->d)->learned_pos)
         mf_encoder_backward(dwte, mf_model_tensor_g(m, a, m->t_pos), dres, inp, B, T, m->d.C);
     else mf_embed_backward(dwte, dres, inp, B * T, m->d.C);
 }
@@ -289,21 +300,25 @@ static void norm_bwd(mf_model *m, mf_arena *a, int l, int ln, float *dx, const f
  * of the projected rows, then causal FlashAttention (Dao 2022): MHA is GQA
  * with NKV == NH; only the output and each row's log-sum-exp are kept, the
  * T x T scores are recomputed tile by tile in backward. Positions are
- * 0..T-1 in every sequence (mf_rope_apply's pos argument NULL). */
+ * 0..T-1 in every sequence, or, for packed documents (the plan's data.pos
+ * row), each token's place in its document: RoPE takes those positions and
+ * attention stays inside each document (block-diagonal causal mask). */
 static void attn_fwd(mf_model *m, mf_arena *a, const lin_ctx *c, const mf_layer_acts *A, int B, int T) {
     const mf_dims *d = &m->d;
     float *qkv = BUF(A->qkv);
-    if (c->bd->rope) mf_rope_apply(qkv, BUF(m->rope), NULL, B, T, d->NH, d->NKV, d->hd, 0);
-    mf_flash_attention_gqa_forward(BUF(A->atty), BUF(A->lse), qkv, B, T, d->NH, d->NKV, d->hd, d->window);
+    const int32_t *pos = mf_model_doc_pos(m, a);  /* packed documents, or NULL */
+    if (c->bd->rope) mf_rope_apply(qkv, BUF(m->rope), pos, B, T, d->NH, d->NKV, d->hd, 0);
+    mf_flash_attention_doc_forward(BUF(A->atty), BUF(A->lse), qkv, B, T, d->NH, d->NKV, d->hd, d->window, pos);
 }
 
 /* dqkv (overwritten) from d(atty) in dout; dq and dk rotated back */
 static void attn_bwd(mf_model *m, mf_arena *a, const lin_ctx *c, const mf_layer_acts *A, float *dqkv,
                      const float *dout, int B, int T) {
     const mf_dims *d = &m->d;
-    mf_flash_attention_gqa_backward(dqkv, BUF(m->attn_scratch), dout, BUF(A->atty), BUF(A->qkv), BUF(A->lse), B, T,
-                                    d->NH, d->NKV, d->hd, d->window);
-    if (c->bd->rope) mf_rope_apply(dqkv, BUF(m->rope), NULL, B, T, d->NH, d->NKV, d->hd, 1);
+    const int32_t *pos = mf_model_doc_pos(m, a);
+    mf_flash_attention_doc_backward(dqkv, BUF(m->attn_scratch), dout, BUF(A->atty), BUF(A->qkv), BUF(A->lse), B, T,
+                                    d->NH, d->NKV, d->hd, d->window, pos);
+    if (c->bd->rope) mf_rope_apply(dqkv, BUF(m->rope), pos, B, T, d->NH, d->NKV, d->hd, 1);
 }
 
 /* the attention projections' column offsets in a qkv row: q | k | v

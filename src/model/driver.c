@@ -307,7 +307,11 @@ static double head_loss(mf_model *m, mf_arena *a, int B, int T, int HW, int use_
     if (dln && HW != WTE) grads_done(m, HW, 1);  /* an untied head's gradient is complete */
     m->logits_all = 0;
     mf_sgemm_scratch(NULL, 0);
-    return sum / N;
+    /* the mean over the targets that count (MF_TARGET_IGNORE ones do not),
+     * as PyTorch's cross_entropy with ignore_index; all of them in plain text */
+    int counted = 0;
+    for (int n = 0; n < N; n++) counted += tgt[n] != MF_TARGET_IGNORE;
+    return counted ? sum / counted : 0.0;
 }
 
 double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets, float dscale) {

@@ -56,4 +56,9 @@ void mf_norm_backward(const mf_model *m, float *dx, float *dw, float *db, const 
                       const float *w, const float *mean, const float *rstd, int N);
 void mf_embed_forward(float *out, const int32_t *inp, const float *wte, int N, int C);
 void mf_embed_backward(float *dwte, const float *dout, const int32_t *inp, int N, int C);
+/* Packed documents: the (B,T) positions row when the plan has one (packing
+ * on), else NULL (the plain causal path, unchanged). */
+static inline const int32_t *mf_model_doc_pos(const mf_model *m, mf_arena *a) {
+    return m->pos >= 0 ? (const int32_t *)mf_arena_get(a, m->pos) : NULL;
+}
 #endif

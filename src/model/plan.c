@@ -509,6 +509,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     /* loader buffers */
     m->inputs = add(&ad, "data.inputs", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
     m->targets = add(&ad, "data.targets", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
+    m->pos = -1;  /* packing's positions row: added by the plan builder (build.c) when packing is on */
 
     /* Activations. A row backward needs is either kept (one per layer,
      * alive from the layer's forward to its backward) or rebuilt: forward
