@@ -14,6 +14,7 @@
 #include "memfit/kernels.h"
 
 #include <limits.h>
+#include <omp.h>
 #include <math.h>
 #include <string.h>
 
@@ -208,6 +209,18 @@ int mf_moe_dispatch(mf_moe_acts *a, int *dropped, const mf_moe_route *r, const m
 
 /* ---- experts ------------------------------------------------------------ */
 
+/* Experts in parallel (each GEMM then single-threaded inside, as mf_sgemm
+ * runs in a parallel region) when there are at least as many experts as
+ * threads: many small multi-threaded GEMMs spend their time in the
+ * threads' barriers (bench/moe_bench.c: 2.4x a dense MLP of the same flops
+ * on 2 threads, against 1.04x on 1). Not with the matmul backend, whose
+ * calls inside a parallel region allocate their own scratch instead of
+ * the planned one. Which way runs changes no result beyond the GEMM
+ * backend's own thread-count dependence. */
+static int experts_parallel(int E) {
+    return E >= omp_get_max_threads() && !omp_in_parallel() && strcmp(mf_sgemm_name(), "matmul") != 0;
+}
+
 /* HF MixtralBlockSparseTop2MLP: w2(silu(w1 x) * w3 x), per expert on its
  * group of permuted rows; then y[n] = sum_j topk_w[n,j] * yp[row of slot]. */
 int mf_moe_experts_forward(float *y, mf_moe_acts *a, const float *x, const mf_moe_route *r, const float *w1,
@@ -220,6 +233,8 @@ int mf_moe_experts_forward(float *y, mf_moe_acts *a, const float *x, const mf_mo
             const int row = a->slot_row[(size_t)n * k + j];
             if (row >= 0) memcpy(a->xp + (size_t)row * C, x + (size_t)n * C, (size_t)C * sizeof(float));
         }
+    const int par = experts_parallel(E);
+#pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int e = 0; e < E; e++) {
         const int r0 = a->offsets[e], m = a->offsets[e + 1] - r0;
         if (m == 0) continue;
@@ -272,6 +287,8 @@ int mf_moe_experts_backward(float *dx, float *dw1, float *dw3, float *dw2, mf_mo
             w->dtopk_w[s] = (float)dot;
         }
     }
+    const int par = experts_parallel(E);
+#pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int e = 0; e < E; e++) {
         const int r0 = a->offsets[e], m = a->offsets[e + 1] - r0;
         if (m == 0) continue;
