@@ -341,7 +341,7 @@ int mf_moe_capacity(int N, int k, int E, double cf, int *capacity);
  * N tokens and capacity factor cf (<= 0: dropless). rows: permuted rows R =
  * N*k dropless, min(N*k, E*capacity) with a capacity; group_rows: the
  * largest one expert can get, N dropless (a token picks an expert at most
- * once), min(N, capacity) with one. Either pointer may be NULL. */
+ * once), min(N, capacity) with one. bytes, rows, group_rows may be NULL. */
 int mf_moe_buffer_sizes(size_t *bytes, int64_t *rows, int64_t *group_rows, int N, int k, int E, int C, int F,
                         double cf);
 
@@ -361,7 +361,8 @@ int mf_moe_router_backward(float *dx, float *dwg, mf_moe_work *w, const mf_moe_r
 /* Counting sort of the slots by expert (stable: token order within a
  * group) into a->offsets and a->slot_row; with d->capacity > 0 slot s of
  * expert e is dropped when e already has capacity earlier slots. Writes
- * the number of dropped slots to *dropped (may be NULL). */
+ * the number of dropped slots to *dropped (may be NULL). An expert index
+ * outside 0..E-1 in r->topk_idx is -1 too (offsets/slot_row then undefined). */
 int mf_moe_dispatch(mf_moe_acts *a, int *dropped, const mf_moe_route *r, const mf_moe_dims *d);
 /* Experts forward (after dispatch): gathers x (N,C) into xp, runs each
  * expert's SwiGLU MLP on its group, y (N,C) = sum over the token's kept

@@ -124,7 +124,8 @@ int mf_moe_router_forward(mf_moe_route *r, double *aux, double *z, const float *
         if (d->norm_topk_prob) /* HF: routing_weights /= routing_weights.sum(-1) in fp32 */
             for (int j = 0; j < k; j++) tw[j] /= sum;
     }
-    /* f_e and P_e; serial over tokens in order (deterministic, cheap) */
+    /* f_e and P_e; serial over tokens in order (deterministic, cheap). The
+     * counts are summed in frac itself as floats: exact up to 2^24 slots */
     double auxs = 0.0;
     for (int e = 0; e < E; e++) r->frac[e] = 0.0f;
     for (size_t s = 0; s < (size_t)N * k; s++) r->frac[r->topk_idx[s]] += 1.0f;
