@@ -1,11 +1,11 @@
-/* The MPI session and the ring collectives (see memfit/dist.h).
+/* The MPI session and the collectives (see memfit/dist.h).
  *
- * Rings, as in Patarasuk & Yuan 2009 ("Bandwidth optimal all-reduce
- * algorithms for clusters of workstations") and NCCL: each of world-1
- * steps sends one shard to the next rank and receives one from the
- * previous, so every rank moves 2(world-1)/world of the buffer for an
- * all-reduce. The messages go through MPI_Sendrecv; received pieces land in
- * the planned scratch (reduce-scatter) or straight in place (all-gather). */
+ * The collectives are Open MPI's own, non-blocking and polled (wait_req) so
+ * a dead or hung peer still stops the job after dist_timeout. The rings
+ * they replaced (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce
+ * algorithms for clusters of workstations": each of world-1 steps sends
+ * one shard to the next rank over MPI_Sendrecv) stay behind
+ * MEMFIT_DIST_RING=1 for the comparison in docs/dist.md. */
 #include "memfit/dist.h"
 
 #include <mpi.h>
@@ -24,6 +24,8 @@ static float *g_gx[GATHER_MAX];
 static int64_t g_gn[GATHER_MAX];
 static int g_ng, g_grun, g_grc;
 static pthread_t g_gthr;
+
+static int use_ring(void);
 
 static int launched(void) {
     /* Open MPI's mpirun, PMIx and Hydra/Slurm PMI set these */
@@ -48,6 +50,38 @@ static void on_term(int sig) {
     _exit(128 + sig);
 }
 
+static int64_t g_bucket = MF_DIST_BUCKET;
+static size_t g_scratch[MF_DIST_COLL_COUNT];
+
+/* Each collective once on a full bucket, before the trainer reads its
+ * baseline RSS: the memory the MPI library keeps for it (its algorithms'
+ * temporaries, the transport's fragments and registration caches) is
+ * resident from then on, measured here as the RSS each first call adds
+ * beyond the caller's own buffers, and so part of the measured baseline the
+ * plan is checked against (mf_dist_mpi_scratch reports it per collective).
+ * The messages of the step are never larger than this bucket. */
+static int measure_scratch(void) {
+    int64_t b = g_bucket;
+    float *buf = malloc((size_t)(2 * b) * sizeof *buf);
+    if (!buf) return mf_fail("rank %d: out of memory for the collectives' warm-up (%lld floats)", g_rank, (long long)(2 * b));
+    for (int64_t i = 0; i < 2 * b; i++) buf[i] = 0;  /* resident before the first reading */
+    size_t r = mf_rss_current();
+    for (int c = 0; c < MF_DIST_COLL_COUNT; c++) {
+        int rc = c == MF_DIST_ALLREDUCE ? mf_dist_allreduce(buf, b, buf + b, b)
+               : c == MF_DIST_REDUCE_SCATTER ? mf_dist_reduce_scatter(buf, b, buf + b, b)
+               : mf_dist_allgather(buf, b);
+        if (rc) { free(buf); return -1; }
+        size_t now = mf_rss_current();
+        g_scratch[c] = now > r ? now - r : 0;
+        r = now > r ? now : r;
+    }
+    free(buf);
+    return 0;
+}
+
+size_t mf_dist_mpi_scratch(mf_dist_coll c) { return c >= 0 && c < MF_DIST_COLL_COUNT ? g_scratch[c] : 0; }
+int64_t mf_dist_bucket(void) { return g_bucket; }
+
 int mf_dist_init(void) {
     if (g_init) return 0;
     g_init = 1;
@@ -65,7 +99,7 @@ int mf_dist_init(void) {
      * before the trainer reads its baseline RSS */
     float x[2] = {0, 0};
     if (g_world > 1 && mf_dist_allgather(x, 2)) return -1;
-    return 0;
+    return g_world > 1 ? measure_scratch() : 0;
 }
 
 int mf_dist_active(void) { return g_active; }
@@ -94,37 +128,46 @@ static int mod(int a, int n) { return ((a % n) + n) % n; }
 
 void mf_dist_set_timeout(double seconds) { g_timeout = seconds; }
 
-/* MPI_Sendrecv that gives up after g_timeout seconds without completing:
- * a peer that hangs or whose host is unreachable stops the job with a
- * message instead of holding every rank in the collective forever. */
-static int sendrecv(const void *sbuf, int scnt, int dest, void *rbuf, int rcnt, int src, MPI_Datatype dt,
-                    int tag, const char *what) {
-    if (g_grun && !pthread_equal(pthread_self(), g_gthr) && mf_dist_gather_wait()) return -1;
-    MPI_Request req[2];
-    int rc = MPI_Irecv(rbuf, rcnt, dt, src, tag, MPI_COMM_WORLD, &req[0]);
-    if (rc == MPI_SUCCESS) rc = MPI_Isend(sbuf, scnt, dt, dest, tag, MPI_COMM_WORLD, &req[1]);
-    if (rc != MPI_SUCCESS) return mpi_fail(rc, what);
+/* Completes requests, giving up after g_timeout seconds without
+ * completing: a peer that hangs or whose host is unreachable stops the job
+ * with a message instead of holding every rank in the collective forever.
+ * MPI_Testall also drives the library's progress (non-blocking collectives
+ * move only while some thread is inside MPI). */
+static int wait_req(MPI_Request *req, int nreq, const char *what) {
     double t0 = mf_time_now();
     for (long spin = 0;; spin++) {
         int done = 0;
-        rc = MPI_Testall(2, req, &done, MPI_STATUSES_IGNORE);
+        int rc = MPI_Testall(nreq, req, &done, MPI_STATUSES_IGNORE);
         if (rc != MPI_SUCCESS) return mpi_fail(rc, what);
         if (done) return 0;
         if (spin % 1024 == 1023) {
             double dt_s = mf_time_now() - t0;
-            if (g_timeout > 0 && dt_s > g_timeout) {
-                char who[48];
-                if (src == dest) snprintf(who, sizeof who, "rank %d", src);
-                else snprintf(who, sizeof who, "ranks %d and %d", src, dest);
-                return mf_fail("rank %d: %s: no progress with %s for %.0f s (dist_timeout): a rank died, hangs or "
-                               "cannot be reached; stopping the job", g_rank, what, who, dt_s);
-            }
+            if (g_timeout > 0 && dt_s > g_timeout)
+                return mf_fail("rank %d: %s: no progress for %.0f s (dist_timeout): a rank died, hangs or cannot be "
+                               "reached; stopping the job", g_rank, what, dt_s);
             if (dt_s > 0.01) usleep(dt_s > 1 ? 1000 : 50);  /* a long wait (a slow peer): stop spinning */
         }
     }
 }
 
-int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n) {
+/* Any collective of the main thread first joins ZeRO 3's prefetch thread
+ * (MPI runs THREAD_SERIALIZED). */
+static int join_prefetch(void) {
+    return g_grun && !pthread_equal(pthread_self(), g_gthr) ? mf_dist_gather_wait() : 0;
+}
+
+/* MPI_Sendrecv with the same timeout, for the ring collectives. */
+static int sendrecv(const void *sbuf, int scnt, int dest, void *rbuf, int rcnt, int src, MPI_Datatype dt,
+                    int tag, const char *what) {
+    if (join_prefetch()) return -1;
+    MPI_Request req[2];
+    int rc = MPI_Irecv(rbuf, rcnt, dt, src, tag, MPI_COMM_WORLD, &req[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Isend(sbuf, scnt, dt, dest, tag, MPI_COMM_WORLD, &req[1]);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, what);
+    return wait_req(req, 2, what);
+}
+
+static int ring_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n) {
     int W = g_world, r = g_rank;
     if (W == 1) return 0;
     int next = mod(r + 1, W), prev = mod(r - 1, W);
@@ -149,9 +192,8 @@ int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_
     return 0;
 }
 
-int mf_dist_allgather(float *x, int64_t n) {
+static int ring_allgather(float *x, int64_t n) {
     int W = g_world, r = g_rank;
-    if (W == 1) return 0;
     int next = mod(r + 1, W), prev = mod(r - 1, W);
     const int64_t piece = 1 << 28;  /* MPI counts are int */
     for (int s = 0; s < W - 1; s++) {
@@ -170,6 +212,113 @@ int mf_dist_allgather(float *x, int64_t n) {
         }
     }
     return 0;
+}
+
+/* The collectives through MPI itself (the default): each message is one
+ * bucket of at most g_bucket floats, so whatever scratch the library's
+ * algorithms take stays bounded by the bucket (measured in mf_dist_init,
+ * mf_dist_mpi_scratch). Non-blocking calls polled by wait_req keep the
+ * dist_timeout check. Shards are uneven (n*r/W), so the all-gather is the
+ * vector form on x itself; the reduce-scatter packs each rank's piece of a
+ * bucket into the planned scratch as equal blocks (MPI_Reduce_scatter_block
+ * wants equal counts; the last bucket's blocks differ by at most one
+ * element, padded with zeros). */
+static int g_ring = -1;  /* MEMFIT_DIST_RING=1: memfit's rings instead */
+
+static int use_ring(void) {
+    if (g_ring < 0) {
+        const char *e = getenv("MEMFIT_DIST_RING");
+        g_ring = e && strcmp(e, "1") == 0;
+    }
+    return g_ring;
+}
+
+static int mpi_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n) {
+    int W = g_world;
+    int64_t b = scratch_n / W, most = (n + W - 1) / W;
+    if (b < 1) return mf_fail("rank %d: reduce-scatter scratch of %lld floats for %d ranks", g_rank, (long long)scratch_n, W);
+    int64_t lo, hi;
+    mf_dist_shard(n, W, g_rank, &lo, &hi);
+    for (int64_t o = 0; o < most; o += b) {
+        int64_t bc = most - o < b ? most - o : b;
+        for (int r = 0; r < W; r++) {
+            int64_t rl, rh;
+            mf_dist_shard(n, W, r, &rl, &rh);
+            int64_t c = rh - rl - o;
+            c = c < 0 ? 0 : c > bc ? bc : c;
+            memcpy(scratch + r * bc, x + rl + o, (size_t)c * sizeof *x);
+            memset(scratch + r * bc + c, 0, (size_t)(bc - c) * sizeof *x);
+        }
+        MPI_Request req;
+        int rc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, scratch, (int)bc, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "reduce-scatter");
+        if (wait_req(&req, 1, "reduce-scatter")) return -1;
+        int64_t c = hi - lo - o;
+        c = c < 0 ? 0 : c > bc ? bc : c;
+        memcpy(x + lo + o, scratch, (size_t)c * sizeof *x);
+    }
+    return 0;
+}
+
+static int mpi_allgather(float *x, int64_t n) {
+    int W = g_world;
+    int cnt[W], disp[W];
+    int64_t most = (n + W - 1) / W, b = g_bucket / W > 0 ? g_bucket / W : 1;
+    for (int64_t o = 0; o < most; o += b) {
+        /* the bucket: every rank's next b elements of its shard, where they lie in x */
+        int64_t base = INT64_MAX;
+        for (int r = 0; r < W; r++) {
+            int64_t rl, rh;
+            mf_dist_shard(n, W, r, &rl, &rh);
+            if (rl + o < base) base = rl + o;
+        }
+        for (int r = 0; r < W; r++) {
+            int64_t rl, rh;
+            mf_dist_shard(n, W, r, &rl, &rh);
+            int64_t c = rh - rl - o;
+            cnt[r] = (int)(c < 0 ? 0 : c > b ? b : c);
+            disp[r] = (int)(rl + o - base);
+        }
+        if (n - base > INT32_MAX)
+            return mf_fail("rank %d: all-gather of a %lld-element tensor over %d ranks: displacements exceed MPI's int",
+                           g_rank, (long long)n, W);
+        MPI_Request req;
+        int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x + base, cnt, disp, MPI_FLOAT, MPI_COMM_WORLD, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "all-gather");
+        if (wait_req(&req, 1, "all-gather")) return -1;
+    }
+    return 0;
+}
+
+static int mpi_allreduce(float *x, int64_t n) {
+    for (int64_t o = 0; o < n; o += g_bucket) {
+        int c = (int)(n - o < g_bucket ? n - o : g_bucket);
+        MPI_Request req;
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, x + o, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "all-reduce");
+        if (wait_req(&req, 1, "all-reduce")) return -1;
+    }
+    return 0;
+}
+
+int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n) {
+    if (g_world == 1) return 0;
+    if (join_prefetch()) return -1;
+    return use_ring() ? ring_reduce_scatter(x, n, scratch, scratch_n) : mpi_reduce_scatter(x, n, scratch, scratch_n);
+}
+
+int mf_dist_allgather(float *x, int64_t n) {
+    if (g_world == 1) return 0;
+    if (join_prefetch()) return -1;
+    return use_ring() ? ring_allgather(x, n) : mpi_allgather(x, n);
+}
+
+int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n) {
+    if (g_world == 1) return 0;
+    if (join_prefetch()) return -1;
+    if (!use_ring()) return mpi_allreduce(x, n);
+    if (ring_reduce_scatter(x, n, scratch, scratch_n)) return -1;
+    return ring_allgather(x, n);
 }
 
 /* ZeRO 3's prefetch: a thread runs the ring all-gathers of the next
@@ -214,11 +363,6 @@ int mf_dist_gather_start(float *const *x, const int64_t *n, int k) {
     return g_grc;
 }
 
-int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n) {
-    if (mf_dist_reduce_scatter(x, n, scratch, scratch_n)) return -1;
-    return mf_dist_allgather(x, n);
-}
-
 int mf_dist_sum_doubles(double *x, int n) {
     if (!g_active || g_world == 1) return 0;
     /* gathered and summed in rank order, so every rank gets bitwise the
@@ -227,13 +371,20 @@ int mf_dist_sum_doubles(double *x, int n) {
     static double all[4096];
     if ((int64_t)n * g_world > (int64_t)(sizeof all / sizeof all[0]))
         return mf_fail("sum of %d values over %d ranks exceeds the %zu-value buffer", n, g_world, sizeof all / sizeof all[0]);
-    /* a ring all-gather of each rank's n values */
     memcpy(all + (size_t)g_rank * n, x, (size_t)n * sizeof *x);
-    for (int s = 0; s < g_world - 1; s++) {
-        int cs = mod(g_rank - s, g_world), cr = mod(g_rank - s - 1, g_world);
-        if (sendrecv(all + (size_t)cs * n, n, mod(g_rank + 1, g_world), all + (size_t)cr * n, n, mod(g_rank - 1, g_world),
-                     MPI_DOUBLE, 73, "sum of scalars"))
-            return -1;
+    if (join_prefetch()) return -1;
+    if (use_ring()) {
+        for (int s = 0; s < g_world - 1; s++) {
+            int cs = mod(g_rank - s, g_world), cr = mod(g_rank - s - 1, g_world);
+            if (sendrecv(all + (size_t)cs * n, n, mod(g_rank + 1, g_world), all + (size_t)cr * n, n,
+                         mod(g_rank - 1, g_world), MPI_DOUBLE, 73, "sum of scalars"))
+                return -1;
+        }
+    } else {
+        MPI_Request req;
+        int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, n, MPI_DOUBLE, MPI_COMM_WORLD, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "sum of scalars");
+        if (wait_req(&req, 1, "sum of scalars")) return -1;
     }
     for (int i = 0; i < n; i++) {
         double s = 0;
