@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-gpt2-10m}; B=${2:-8}; T=${3:-128}; NP=${4:-2}
 STEPS=${STEPS:-5}; ROUNDS=${ROUNDS:-3}; STAGES=${STAGES:-"0 1 2 3"}
-M=build/memfit
+M=${MEMFIT_BIN:-build/memfit}
 . tests/mpi_env.sh
 [ -n "${BTL:-}" ] && MPIRUN=(mpirun --oversubscribe --mca btl "$BTL") && [ "$(id -u)" -eq 0 ] && MPIRUN+=(--allow-run-as-root)
 W=$(mktemp -d /tmp/memfit-bench-XXXXXX)

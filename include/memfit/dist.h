@@ -69,7 +69,19 @@ int mf_dist_allgather(float *x, int64_t n);
  * computes; mf_dist_gather_wait joins it and returns its result. Any other
  * collective the caller starts first waits for it. */
 int mf_dist_gather_start(float *const *x, const int64_t *n, int k);
+/* Joins whichever background collective runs (gather or reduce). */
 int mf_dist_gather_wait(void);
+/* Background reduce-scatter (ZeRO 2's overlap): a thread reduce-scatters
+ * x[0..k) (n[i] elements each, scratch as mf_dist_reduce_scatter) and adds
+ * this rank's shard of each into acc[i]; completed by mf_dist_gather_wait
+ * or by the caller's next collective. x, acc and scratch must stay
+ * untouched until then. */
+int mf_dist_reduce_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n);
+/* Seconds so far in collectives the main thread ran itself (sync), in
+ * background collectives (bg), and that the main thread waited for
+ * background ones to finish (wait): bg - wait of the communication was
+ * hidden behind compute. */
+void mf_dist_comm_times(double *sync_s, double *bg_s, double *wait_s);
 /* Sum of x[n] over the ranks on every rank (MPI_Iallreduce by buckets;
  * the rings use scratch for a reduce-scatter + all-gather). */
 int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n);

@@ -204,6 +204,12 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
             fprintf(metrics, ",\"mpi_scratch_allreduce_bytes\":%zu,\"mpi_scratch_reduce_scatter_bytes\":%zu,"
                              "\"mpi_scratch_allgather_bytes\":%zu", mf_dist_mpi_scratch(MF_DIST_ALLREDUCE),
                     mf_dist_mpi_scratch(MF_DIST_REDUCE_SCATTER), mf_dist_mpi_scratch(MF_DIST_ALLGATHER));
+        if (t->world > 1) {
+            /* cumulative: collectives run in the step (sync), in the background, and waited for */
+            double cs, cb, cw;
+            mf_dist_comm_times(&cs, &cb, &cw);
+            fprintf(metrics, ",\"comm_sync_s\":%.6g,\"comm_bg_s\":%.6g,\"comm_wait_s\":%.6g", cs, cb, cw);
+        }
         /* health of the peak RSS so far against the budget */
         if (t->cfg.budget)
             fprintf(metrics, ",\"budget_bytes\":%zu,\"budget_frac\":%.6f,\"health\":\"%s\"", t->cfg.budget,

@@ -24,6 +24,7 @@ static float *g_gx[GATHER_MAX];
 static int64_t g_gn[GATHER_MAX];
 static int g_ng, g_grun, g_grc;
 static pthread_t g_gthr;
+static _Thread_local int t_in_job;  /* set in the background thread */
 
 static int use_ring(void);
 
@@ -140,6 +141,8 @@ static int wait_req(MPI_Request *req, int nreq, const char *what) {
         int rc = MPI_Testall(nreq, req, &done, MPI_STATUSES_IGNORE);
         if (rc != MPI_SUCCESS) return mpi_fail(rc, what);
         if (done) return 0;
+        /* a background collective yields the core to the compute it hides behind */
+        if (t_in_job) usleep(20);
         if (spin % 1024 == 1023) {
             double dt_s = mf_time_now() - t0;
             if (g_timeout > 0 && dt_s > g_timeout)
@@ -153,7 +156,7 @@ static int wait_req(MPI_Request *req, int nreq, const char *what) {
 /* Any collective of the main thread first joins ZeRO 3's prefetch thread
  * (MPI runs THREAD_SERIALIZED). */
 static int join_prefetch(void) {
-    return g_grun && !pthread_equal(pthread_self(), g_gthr) ? mf_dist_gather_wait() : 0;
+    return g_grun && !t_in_job ? mf_dist_gather_wait() : 0;
 }
 
 /* MPI_Sendrecv with the same timeout, for the ring collectives. */
@@ -301,44 +304,83 @@ static int mpi_allreduce(float *x, int64_t n) {
     return 0;
 }
 
+/* seconds in collectives the main thread ran itself, in background jobs,
+ * and the main thread's waits for background jobs (mf_dist_comm_times) */
+static double g_t_sync, g_t_bg, g_t_wait;
+
+static int timed(int rc, double t0) {
+    if (!t_in_job) g_t_sync += mf_time_now() - t0;
+    return rc;
+}
+
 int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n) {
     if (g_world == 1) return 0;
     if (join_prefetch()) return -1;
-    return use_ring() ? ring_reduce_scatter(x, n, scratch, scratch_n) : mpi_reduce_scatter(x, n, scratch, scratch_n);
+    double t0 = mf_time_now();
+    return timed(use_ring() ? ring_reduce_scatter(x, n, scratch, scratch_n) : mpi_reduce_scatter(x, n, scratch, scratch_n), t0);
 }
 
 int mf_dist_allgather(float *x, int64_t n) {
     if (g_world == 1) return 0;
     if (join_prefetch()) return -1;
-    return use_ring() ? ring_allgather(x, n) : mpi_allgather(x, n);
+    double t0 = mf_time_now();
+    return timed(use_ring() ? ring_allgather(x, n) : mpi_allgather(x, n), t0);
 }
 
 int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n) {
     if (g_world == 1) return 0;
     if (join_prefetch()) return -1;
-    if (!use_ring()) return mpi_allreduce(x, n);
+    double t0 = mf_time_now();
+    if (!use_ring()) return timed(mpi_allreduce(x, n), t0);
     if (ring_reduce_scatter(x, n, scratch, scratch_n)) return -1;
-    return ring_allgather(x, n);
+    return timed(ring_allgather(x, n), t0);
 }
 
-/* ZeRO 3's prefetch: a thread runs the ring all-gathers of the next
- * block's tensors while the main thread computes this block. The transport
- * moves data only while some thread is inside MPI, so non-blocking requests
- * tested between kernels left most of the transfer to the wait (measured
- * 0.6x of gathering at use on this machine); a thread that blocks in the
- * ring keeps it moving. MPI runs in THREAD_SERIALIZED mode: every MPI call
- * of the main thread (sendrecv) first joins the thread. */
+void mf_dist_comm_times(double *sync_s, double *bg_s, double *wait_s) {
+    *sync_s = g_t_sync;
+    *bg_s = g_t_bg;
+    *wait_s = g_t_wait;
+}
+
+/* Background collectives: ZeRO 3's prefetch (a thread all-gathers the
+ * next block's tensors while the main thread computes this block) and
+ * ZeRO 2's overlapped gradient reduction (a thread reduce-scatters a
+ * block's gradients while the backward of the block before it computes).
+ * The transport moves data only while some thread is inside MPI, so
+ * non-blocking requests tested between kernels left most of the transfer
+ * to the wait (measured 0.6x of gathering at use on this machine); a
+ * thread that polls its request keeps it moving. MPI runs in
+ * THREAD_SERIALIZED mode: every MPI call of the main thread first joins
+ * the thread. */
+
+static float *g_gacc[GATHER_MAX], *g_gscr;
+static int64_t g_gscrn;
 
 static void *gather_thread(void *arg) {
     (void)arg;
-    for (int i = 0; i < g_ng && !g_grc; i++)
-        if (mf_dist_allgather(g_gx[i], g_gn[i])) g_grc = -1;
+    int was = t_in_job;
+    t_in_job = 1;
+    double t0 = mf_time_now();
+    for (int i = 0; i < g_ng && !g_grc; i++) {
+        if (!g_gscr) {
+            if (mf_dist_allgather(g_gx[i], g_gn[i])) g_grc = -1;
+            continue;
+        }
+        if (mf_dist_reduce_scatter(g_gx[i], g_gn[i], g_gscr, g_gscrn)) { g_grc = -1; break; }
+        int64_t lo, hi;
+        mf_dist_shard(g_gn[i], g_world, g_rank, &lo, &hi);
+        for (int64_t k = 0; k < hi - lo; k++) g_gacc[i][k] += g_gx[i][lo + k];
+    }
+    g_t_bg += mf_time_now() - t0;
+    t_in_job = was;
     return NULL;
 }
 
 int mf_dist_gather_wait(void) {
     if (!g_grun) return 0;
+    double t0 = mf_time_now();
     pthread_join(g_gthr, NULL);
+    g_t_wait += mf_time_now() - t0;
     g_grun = 0;
     g_ng = 0;
     int rc = g_grc;
@@ -346,21 +388,31 @@ int mf_dist_gather_wait(void) {
     return rc;
 }
 
-int mf_dist_gather_start(float *const *x, const int64_t *n, int k) {
+static int job_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n) {
     if (g_world == 1) return 0;
     if (mf_dist_gather_wait()) return -1;
-    if (k > GATHER_MAX) return mf_fail("rank %d: %d tensors in one prefetch (at most %d)", g_rank, k, GATHER_MAX);
-    for (int i = 0; i < k; i++) g_gx[i] = x[i], g_gn[i] = n[i];
+    if (k > GATHER_MAX) return mf_fail("rank %d: %d tensors in one background collective (at most %d)", g_rank, k, GATHER_MAX);
+    for (int i = 0; i < k; i++) g_gx[i] = x[i], g_gn[i] = n[i], g_gacc[i] = acc ? acc[i] : NULL;
+    g_gscr = scratch;
+    g_gscrn = scratch_n;
     g_ng = k;
     g_grc = 0;
     if (g_thread_ok && pthread_create(&g_gthr, NULL, gather_thread, NULL) == 0) {
         g_grun = 1;
         return 0;
     }
-    /* no thread (or MPI without THREAD_SERIALIZED): gather now */
+    /* no thread (or MPI without THREAD_SERIALIZED): run it now, all of it waited for */
+    double t0 = mf_time_now();
     gather_thread(NULL);
+    g_t_wait += mf_time_now() - t0;
     g_ng = 0;
     return g_grc;
+}
+
+int mf_dist_gather_start(float *const *x, const int64_t *n, int k) { return job_start(x, n, NULL, k, NULL, 0); }
+
+int mf_dist_reduce_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n) {
+    return job_start(x, n, acc, k, scratch, scratch_n);
 }
 
 int mf_dist_sum_doubles(double *x, int n) {

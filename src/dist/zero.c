@@ -63,6 +63,7 @@ int mf_zero_plan(mf_plan *plan, const mf_model *mc) {
 }
 
 int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
+    if (m->opt.world > 1 && mf_dist_gather_wait()) return -1;
     if (m->opt.world <= 1 || m->opt.zero >= 2) return 0;
     float *ring = mf_arena_get(a, m->comm);
     int64_t rn = mf_zero_ring_numel(m);
@@ -78,6 +79,22 @@ int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
 int mf_zero_grads_ready(mf_model *m, mf_arena *a, int first, int n) {
     float *ring = mf_arena_get(a, m->comm);
     int64_t rn = mf_zero_ring_numel(m);
+    if (m->overlap && a->phase != mf_phase_emb_bwd(m)) {
+        /* DDP-style overlap: this block's gradients are reduced by a
+         * background thread while the next phase (the block before it)
+         * computes; their rows live through that phase (the plan), and the
+         * next collective joins the thread first */
+        float *x[MF_LAYER_TENSORS], *acc[MF_LAYER_TENSORS];
+        int64_t numel[MF_LAYER_TENSORS];
+        if (n > MF_LAYER_TENSORS) return mf_fail("%d tensors in one gradient reduction (a block has %d)", n, MF_LAYER_TENSORS);
+        for (int i = 0; i < n; i++) {
+            mf_tensor *t = &m->tensors[first + i];
+            x[i] = mf_arena_get(a, t->g);
+            acc[i] = mf_arena_get(a, t->gs);
+            numel[i] = t->numel;
+        }
+        return mf_dist_reduce_start(x, numel, acc, n, ring, rn);
+    }
     for (int i = first; i < first + n; i++) {
         mf_tensor *x = &m->tensors[i];
         float *g = mf_arena_get(a, x->g), *gs = mf_arena_get(a, x->gs);
