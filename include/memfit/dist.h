@@ -82,6 +82,11 @@ int mf_dist_reduce_start(float *const *x, const int64_t *n, float *const *acc, i
  * background ones to finish (wait): bg - wait of the communication was
  * hidden behind compute. */
 void mf_dist_comm_times(double *sync_s, double *bg_s, double *wait_s);
+/* Bytes this rank's collectives moved so far at a bandwidth-optimal
+ * algorithm's volume ((W-1)/W of each reduce-scatter's or all-gather's
+ * buffer, twice that for an all-reduce; the ZeRO paper's count): the
+ * measured side of memfit plan's communication volume. */
+double mf_dist_comm_bytes(void);
 /* Sum of x[n] over the ranks on every rank (MPI_Iallreduce by buckets;
  * the rings use scratch for a reduce-scatter + all-gather). */
 int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n);

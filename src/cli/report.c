@@ -208,7 +208,8 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
             /* cumulative: collectives run in the step (sync), in the background, and waited for */
             double cs, cb, cw;
             mf_dist_comm_times(&cs, &cb, &cw);
-            fprintf(metrics, ",\"comm_sync_s\":%.6g,\"comm_bg_s\":%.6g,\"comm_wait_s\":%.6g", cs, cb, cw);
+            fprintf(metrics, ",\"comm_sync_s\":%.6g,\"comm_bg_s\":%.6g,\"comm_wait_s\":%.6g,\"comm_bytes\":%.0f", cs, cb, cw,
+                    mf_dist_comm_bytes());
         }
         /* health of the peak RSS so far against the budget */
         if (t->cfg.budget)

@@ -98,6 +98,7 @@ static const key_row keys[] = {
     {"zero", T_INT, F(zero), 0, "0", 0, 3, "data parallel under mpirun: 0 = gradients all-reduced, 1 = optimizer state sharded over the ranks, 2 = gradients sharded too, 3 = parameters sharded too (each layer's gathered for its phases)"},
     {"world_size", T_INT, F(world_size), 0, "1", 1, 1 << 20, "ranks to plan for (memfit estimate; memfit train under mpirun takes the launcher's)"},
     {"dist_timeout", T_FLOAT, F(dist_timeout), 0, "300", 0, 1e9, "data parallel: seconds a collective waits for another rank before the job stops with a message (0 = forever)"},
+    {"net_gbps", T_FLOAT, F(net_gbps), 0, "0", 0, 1e9, "memfit plan --world_size N: each rank's network bandwidth in Gbit/s, to predict the step time with its communication (0 = compute only)"},
     {"log_every", T_INT, F(log_every), 0, "1", 1, 1 << 30, "print a log line every N steps"},
     {"progress", T_INT, F(progress), 0, "-1", -1, 1, "progress bar: -1 when stdout is a terminal, 0 off, 1 on"},
     {"lora", T_STR, S(lora), "", 0, 0, "LoRA adapters on a frozen base: r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj (empty = full fine-tuning)"},

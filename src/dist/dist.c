@@ -25,6 +25,10 @@ static int64_t g_gn[GATHER_MAX];
 static int g_ng, g_grun, g_grc;
 static pthread_t g_gthr;
 static _Thread_local int t_in_job;  /* set in the background thread */
+/* seconds in collectives the main thread ran itself, in background jobs,
+ * and the main thread's waits for background jobs (mf_dist_comm_times);
+ * the bytes the collectives moved (mf_dist_comm_bytes) */
+static double g_t_sync, g_t_bg, g_t_wait, g_comm_bytes;
 
 static int use_ring(void);
 
@@ -100,7 +104,9 @@ int mf_dist_init(void) {
      * before the trainer reads its baseline RSS */
     float x[2] = {0, 0};
     if (g_world > 1 && mf_dist_allgather(x, 2)) return -1;
-    return g_world > 1 ? measure_scratch() : 0;
+    if (g_world > 1 && measure_scratch()) return -1;
+    g_comm_bytes = g_t_sync = 0;  /* the step's volume and times only */
+    return 0;
 }
 
 int mf_dist_active(void) { return g_active; }
@@ -304,9 +310,11 @@ static int mpi_allreduce(float *x, int64_t n) {
     return 0;
 }
 
-/* seconds in collectives the main thread ran itself, in background jobs,
- * and the main thread's waits for background jobs (mf_dist_comm_times) */
-static double g_t_sync, g_t_bg, g_t_wait;
+/* bytes this rank sends per collective with a bandwidth-optimal (ring)
+ * algorithm: (W-1)/W of the buffer for a reduce-scatter or an all-gather,
+ * twice that for an all-reduce (the volume the ZeRO paper counts) */
+static void count(int64_t n, int k) { g_comm_bytes += k * (double)n * sizeof(float) * (g_world - 1) / g_world; }
+double mf_dist_comm_bytes(void) { return g_comm_bytes; }
 
 static int timed(int rc, double t0) {
     if (!t_in_job) g_t_sync += mf_time_now() - t0;
@@ -316,6 +324,7 @@ static int timed(int rc, double t0) {
 int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n) {
     if (g_world == 1) return 0;
     if (join_prefetch()) return -1;
+    count(n, 1);
     double t0 = mf_time_now();
     return timed(use_ring() ? ring_reduce_scatter(x, n, scratch, scratch_n) : mpi_reduce_scatter(x, n, scratch, scratch_n), t0);
 }
@@ -323,6 +332,7 @@ int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_
 int mf_dist_allgather(float *x, int64_t n) {
     if (g_world == 1) return 0;
     if (join_prefetch()) return -1;
+    count(n, 1);
     double t0 = mf_time_now();
     return timed(use_ring() ? ring_allgather(x, n) : mpi_allgather(x, n), t0);
 }
@@ -330,6 +340,7 @@ int mf_dist_allgather(float *x, int64_t n) {
 int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n) {
     if (g_world == 1) return 0;
     if (join_prefetch()) return -1;
+    count(n, 2);
     double t0 = mf_time_now();
     if (!use_ring()) return timed(mpi_allreduce(x, n), t0);
     if (ring_reduce_scatter(x, n, scratch, scratch_n)) return -1;
