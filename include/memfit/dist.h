@@ -6,7 +6,8 @@
  * as mpirun started the process; otherwise the world is one rank and no MPI
  * call is made), the split of every tensor into per-rank shards, and the
  * collectives on float buffers. Promises: collectives are Open MPI's own
- * (MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgatherv, in place),
+ * (MPI_Iallreduce, MPI_Ireduce to each shard's owner or with
+ * MEMFIT_DIST_RS=block MPI_Ireduce_scatter_block, MPI_Iallgatherv, in place),
  * cut into messages of at most MF_DIST_BUCKET floats; memfit's scratch for
  * them is the planned `comm` row, and the library's own scratch for a
  * bucket is measured at start, inside the baseline (MEMFIT_DIST_RING=1

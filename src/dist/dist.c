@@ -228,10 +228,11 @@ static int ring_allgather(float *x, int64_t n) {
  * algorithms take stays bounded by the bucket (measured in mf_dist_init,
  * mf_dist_mpi_scratch). Non-blocking calls polled by wait_req keep the
  * dist_timeout check. Shards are uneven (n*r/W), so the all-gather is the
- * vector form on x itself; the reduce-scatter packs each rank's piece of a
- * bucket into the planned scratch as equal blocks (MPI_Reduce_scatter_block
- * wants equal counts; the last bucket's blocks differ by at most one
- * element, padded with zeros). */
+ * vector form on x itself; the reduce-scatter is one MPI_Ireduce per
+ * shard owner (mpi_reduce_roots), or with MEMFIT_DIST_RS=block packs each
+ * rank's piece of a bucket into the planned scratch as equal blocks for
+ * MPI_Ireduce_scatter_block (equal counts; the last bucket's blocks differ
+ * by at most one element, padded with zeros). */
 static int g_ring = -1;  /* MEMFIT_DIST_RING=1: memfit's rings instead */
 
 static int use_ring(void) {
@@ -265,6 +266,28 @@ static int mpi_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scrat
         int64_t c = hi - lo - o;
         c = c < 0 ? 0 : c > bc ? bc : c;
         memcpy(x + lo + o, scratch, (size_t)c * sizeof *x);
+    }
+    return 0;
+}
+
+/* The same sum as W reductions (MPI_Ireduce), one to each shard's owner,
+ * all in flight at once: no packing, each shard reduced in place at its
+ * owner, messages of at most a bucket. The default reduce-scatter. */
+static int mpi_reduce_roots(float *x, int64_t n) {
+    int W = g_world;
+    MPI_Request req[W];
+    int64_t most = (n + W - 1) / W, b = g_bucket / W > 0 ? g_bucket / W : 1;
+    for (int64_t o = 0; o < most; o += b) {
+        for (int r = 0; r < W; r++) {
+            int64_t rl, rh;
+            mf_dist_shard(n, W, r, &rl, &rh);
+            int64_t c = rh - rl - o;
+            c = c < 0 ? 0 : c > b ? b : c;
+            int rc = r == g_rank ? MPI_Ireduce(MPI_IN_PLACE, x + rl + o, (int)c, MPI_FLOAT, MPI_SUM, r, MPI_COMM_WORLD, &req[r])
+                                 : MPI_Ireduce(x + rl + o, NULL, (int)c, MPI_FLOAT, MPI_SUM, r, MPI_COMM_WORLD, &req[r]);
+            if (rc != MPI_SUCCESS) return mpi_fail(rc, "reduce-scatter");
+        }
+        if (wait_req(req, W, "reduce-scatter")) return -1;
     }
     return 0;
 }
@@ -326,6 +349,12 @@ int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_
     if (join_prefetch()) return -1;
     count(n, 1);
     double t0 = mf_time_now();
+    /* the W owner reductions measured faster than MPI_Ireduce_scatter_block
+     * here (Open MPI 4.1's libnbc reduces the whole buffer to one rank and
+     * scatters it): gpt2-10m zero 2, np 2, 0.97x vs 0.91x the ring's tok/s,
+     * docs/memory.md; MEMFIT_DIST_RS=block picks the block form */
+    const char *rs = getenv("MEMFIT_DIST_RS");
+    if (!use_ring() && !(rs && strcmp(rs, "block") == 0)) return timed(mpi_reduce_roots(x, n), t0);
     return timed(use_ring() ? ring_reduce_scatter(x, n, scratch, scratch_n) : mpi_reduce_scatter(x, n, scratch, scratch_n), t0);
 }
 
