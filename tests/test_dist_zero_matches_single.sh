@@ -25,7 +25,7 @@ run1() {  # name, args...: one process, no MPI
 run2() {  # name, args...: two ranks (NP overrides)
   local name=$1; shift
   "${MPIRUN[@]}" -np "${NP:-2}" "$M" train "${base[@]}" --out_dir "$W/$name" --metrics "$W/$name.jsonl" "$@" > "$W/$name.log" 2>&1 \
-    || { echo "FAIL $name: mpirun failed"; tail -5 "$W/$name.log"; fail=1; }
+    || { echo "FAIL $name: mpirun failed"; grep -m3 "error" "$W/$name.log"; tail -5 "$W/$name.log"; fail=1; }
 }
 compare() {  # reference, candidate, weight tolerance
   /usr/bin/python3 - "$W" "$1" "$2" "$3" <<'PY' || fail=1

@@ -75,6 +75,7 @@ typedef struct {
     int zero;                 /* ZeRO stage over the data-parallel ranks (dist/) */
     int world_size;           /* ranks the plan is for (memfit estimate; train takes mpirun's) */
     double dist_timeout;      /* seconds a collective waits for a peer (0 = forever) */
+    double net_gbps;          /* memfit plan: bandwidth per rank (Gbit/s) for the communication time (0 = none) */
     int progress;             /* -1 auto (terminal), 0 off, 1 on */
     /* parameter-efficient fine-tuning (lora.h) */
     char lora[256];           /* "" or r=8,alpha=16,dropout=0.05,targets=... */

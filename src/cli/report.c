@@ -100,6 +100,13 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
     if (t->world > 1)
         fprintf(f, "data parallel: %d ranks of batch %d (global batch %d), ZeRO stage %d; memory below is per rank\n",
                 t->world, t->B, t->B * t->world, t->model.opt.zero);
+    if (t->world > 1) {
+        char s0[32], s1[32], s2[32], s3[32];
+        fprintf(f, "collectives: Open MPI's (messages of at most %s); memory the MPI library kept for its first "
+                   "all-reduce %s, reduce-scatter %s, all-gather %s (measured at start, inside the process baseline)\n",
+                sz((size_t)mf_dist_bucket() * sizeof(float), s0), sz(mf_dist_mpi_scratch(MF_DIST_ALLREDUCE), s1),
+                sz(mf_dist_mpi_scratch(MF_DIST_REDUCE_SCATTER), s2), sz(mf_dist_mpi_scratch(MF_DIST_ALLGATHER), s3));
+    }
     const char *ct = getenv("OPENBLAS_CORETYPE");
     fprintf(f, "BLAS: OpenBLAS %s kernels (OPENBLAS_CORETYPE %s); fp32 GEMM %s (MEMFIT_GEMM %s); memfit kernels %s (MEMFIT_ISA %s); OMP_WAIT_POLICY %s\n",
             openblas_get_corename(), ct ? ct : "unset", mf_sgemm_name(),
@@ -194,6 +201,17 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
                          "\"rss_baseline_bytes\":%zu,\"rss_peak_bytes\":%zu",
                 t->plan.peak_bytes, t->plan.arena_bytes, t->ledger.peak_total, t->ledger.rss_baseline, rss);
         for (int c = 0; mem && c < MF_CAT_COUNT; c++) fprintf(metrics, ",\"mem_%s\":%zu", mf_cat_name((mf_cat)c), mem[c]);
+        if (t->world > 1)
+            fprintf(metrics, ",\"mpi_scratch_allreduce_bytes\":%zu,\"mpi_scratch_reduce_scatter_bytes\":%zu,"
+                             "\"mpi_scratch_allgather_bytes\":%zu", mf_dist_mpi_scratch(MF_DIST_ALLREDUCE),
+                    mf_dist_mpi_scratch(MF_DIST_REDUCE_SCATTER), mf_dist_mpi_scratch(MF_DIST_ALLGATHER));
+        if (t->world > 1) {
+            /* cumulative: collectives run in the step (sync), in the background, and waited for */
+            double cs, cb, cw;
+            mf_dist_comm_times(&cs, &cb, &cw);
+            fprintf(metrics, ",\"comm_sync_s\":%.6g,\"comm_bg_s\":%.6g,\"comm_wait_s\":%.6g,\"comm_bytes\":%.0f", cs, cb, cw,
+                    mf_dist_comm_bytes());
+        }
         /* health of the peak RSS so far against the budget */
         if (t->cfg.budget)
             fprintf(metrics, ",\"budget_bytes\":%zu,\"budget_frac\":%.6f,\"health\":\"%s\"", t->cfg.budget,

@@ -174,6 +174,9 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
             else if (role == MF_ROLE_POS) g0 = g1 = mf_phase_emb_bwd(m);
             else if (role == MF_ROLE_HEAD) g0 = g1 = mf_phase_head_fwd(m);  /* the untied head: with the loss */
             else g0 = g1 = mf_phase_head_bwd(m);  /* ln_f */
+            /* ZeRO 2's overlap reads it in the next phase (the embedding's
+             * is reduced at once: the optimizer or the next micro-batch follows) */
+            if (m->overlap && role != MF_ROLE_EMB && role != MF_ROLE_POS) g1++;
         }
         snprintf(nm, sizeof nm, "grad.%s", name);
         t->g = add(ad, nm, gcat, MF_DTYPE_F32, ndim, d0, d1, 0, 0, g0, g1, layer);
@@ -444,6 +447,8 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     m->pf_first = -1;
     const char *pf = getenv("MEMFIT_ZERO_PREFETCH");
     m->prefetch = !(pf && strcmp(pf, "0") == 0);
+    const char *ov = getenv("MEMFIT_ZERO_OVERLAP");
+    m->overlap = m->opt.zero == 2 && m->opt.world > 1 && !m->opt.in_backward && !(ov && strcmp(ov, "0") == 0);
     m->cdt = mode == MF_MODE_TRAIN ? m->opt.compute : MF_DTYPE_F32;  /* forward-only plans are fp32 */
     m->in16 = m->dout16 = m->dlogits16 = m->gemm_scratch = m->upd32 = -1;
     if (m->cdt != MF_DTYPE_F32 && m->opt.zero >= 1 && m->opt.world > 1)
