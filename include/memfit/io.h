@@ -81,6 +81,14 @@ int mf_atomic_commit(mf_atomic_file *af);
 /* Abandons: removes the temp file. */
 void mf_atomic_abort(mf_atomic_file *af);
 
+/* Start-up clean-up of a folder memfit writes into: removes every
+ * "<name>.tmp.<pid>" whose pid is not a live memfit process (a writer that
+ * was killed mid-write leaves one behind; nothing else ever would). Our own
+ * pid counts as gone: call this before this process writes anything there.
+ * Returns the number removed and, in `names` (cap bytes), the first few
+ * names for a message; -1 with a message if the folder cannot be read. */
+int mf_atomic_clean_stale(const char *dir, char *names, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -82,7 +82,7 @@ static const key_row keys[] = {
     {"init", T_STR, S(init), "", 0, 0, "start from these weights: a Hugging Face model folder (config.json + model.safetensors or shards; Llama, Qwen2, Mistral) or a safetensors file (memfit's own, or Hugging Face GPT-2 names)"},
     {"out_dir", T_STR, S(out_dir), "", 0, 0, "folder for checkpoints and the final model (empty = none written)"},
     {"ckpt_every", T_INT, F(ckpt_every), 0, "0", 0, 1 << 30, "write a checkpoint every N steps (0 = only at the end, if out_dir)"},
-    {"resume", T_STR, S(resume), "", 0, 0, "resume from this checkpoint file"},
+    {"resume", T_STR, S(resume), "", 0, 0, "resume from this checkpoint file; auto = from --out_dir's checkpoint if there is one, else start fresh"},
     {"metrics", T_STR, S(metrics), "", 0, 0, "write one JSON object per step to this .jsonl file"},
     {"trace", T_STR, S(trace), "", 0, 0, "write a Chrome trace-event JSON file (Perfetto, chrome://tracing): phases, steps and memory by category"},
     {"report", T_STR, S(report), "", 0, 0, "write a self-contained HTML report (loss, tokens/s, memory by category, plan vs measured) into this folder"},
