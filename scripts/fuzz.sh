@@ -7,8 +7,8 @@
 #   make fuzz                      # FUZZ_SECONDS (default 60) per harness
 # Prints one line per harness: executions, and "0 crashes" or the crash
 # file; exits 1 if any harness crashed (or leaked, or hit UB), 77 if clang is
-# missing. The config harness links the rest of memfit from the release
-# build's libmemfit.a (MEMFIT_LIB, default build/libmemfit.a); the others
+# missing. The config and checkpoint harnesses link the rest of memfit from
+# the release build's libmemfit.a (MEMFIT_LIB, default build/libmemfit.a); the others
 # build from their own sources only.
 set -u
 cd "$(dirname "$0")/.."
@@ -36,17 +36,19 @@ declare -A SRC=(
   [tokenizer_json]="$TOK"
   [chat]="src/data/chat.c $TOK"
   [config_yaml]="src/config/config.c"
+  [checkpoint]="src/train/checkpoint.c src/io/safetensors.c src/io/atomic.c"
 )
-names="safetensors tokfile tokenizer_gpt2 tokenizer_json chat config_yaml"
+names="safetensors tokfile tokenizer_gpt2 tokenizer_json chat config_yaml checkpoint"
 [ -n "$only" ] && names=$only
 fail=0
 for n in $names; do
   [ -n "${SRC[$n]:-}" ] || { echo "fuzz.sh: no harness '$n' (one of: ${!SRC[*]})" >&2; exit 2; }
   bin="$out/fuzz_$n"
   extra=""
-  if [ "$n" = config_yaml ]; then
+  if [ "$n" = config_yaml ] || [ "$n" = checkpoint ]; then
     # config.c checks values with parsers from the whole library (recompute
-    # policies, LoRA, quantisation, health levels): those come uninstrumented
+    # policies, LoRA, quantisation, health levels), and the checkpoint
+    # loader needs a trainer: the rest comes from the library, uninstrumented
     [ -f "$LIB" ] || { echo "fuzz.sh: $LIB not built (cmake --build build)"; exit 1; }
     extra="$LIB -L/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas -ldnnl $(mpicc -showme:link) -fopenmp"
   fi
