@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 export MEMFIT_CACHE ?= $(HOME)/.cache/memfit
 
-.PHONY: all deps-build deps-test data demo sft-demo test bench clean
+.PHONY: all deps-build deps-test data demo sft-demo test bench fuzz clean
 
 all: build/memfit
 
@@ -37,8 +37,13 @@ test: deps-test data
 	@cmake --build build-asan -j $(JOBS)
 	@bash scripts/run_tests.sh
 
+# libFuzzer harnesses (fuzz/): each runs FUZZ_SECONDS from its seed corpus
+FUZZ_SECONDS ?= 60
+fuzz: build/memfit
+	@bash scripts/fuzz.sh --seconds $(FUZZ_SECONDS) --out build-fuzz
+
 bench: build/memfit data
 	@bash bench/compare_torch.sh
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz

@@ -254,6 +254,9 @@ static const mf_cat shown[] = {MF_CAT_PARAMS, MF_CAT_GRADS, MF_CAT_OPTIM, MF_CAT
                                MF_CAT_MASTER, MF_CAT_ADAPTER, MF_CAT_QUANT, MF_CAT_COMM, MF_CAT_OFFLOAD};
 static const char *shown_label[] = {"params", "grads", "optimizer", "activations", "scratch", "data",
                                     "master", "adapter", "quant", "comm", "offload"};
+/* The same labels as JSON keys: "optimizer" there is the optimizer's name,
+ * so its bytes are "optimizer_state" (one key, one meaning). */
+static const char *json_label(int k) { return shown[k] == MF_CAT_OPTIM ? "optimizer_state" : shown_label[k]; }
 #define NALWAYS 6
 #define NSHOWN 11
 
@@ -358,7 +361,7 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
     cJSON *bytes = cJSON_AddObjectToObject(o, "bytes");
     for (int i = 0; i < MF_CAT_COUNT; i++) cJSON_AddNumberToObject(bytes, mf_cat_name((mf_cat)i), (double)p->peak_cat[i]);
     cJSON_AddStringToObject(o, "optimizer", m->mode == MF_MODE_TRAIN ? mf_optim_name(m->opt.kind) : "");
-    for (int k = 0; k < NSHOWN; k++) cJSON_AddNumberToObject(o, shown_label[k], (double)p->peak_cat[shown[k]]);
+    for (int k = 0; k < NSHOWN; k++) cJSON_AddNumberToObject(o, json_label(k), (double)p->peak_cat[shown[k]]);
     cJSON *mx = cJSON_AddObjectToObject(o, "max");
     for (int i = 0; i < MF_CAT_COUNT; i++) cJSON_AddNumberToObject(mx, mf_cat_name((mf_cat)i), (double)p->max_cat[i]);
     cJSON_AddNumberToObject(o, "total", (double)p->peak_bytes);

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <yaml.h>
 
 typedef enum { T_INT, T_FLOAT, T_STR, T_SIZE, T_U64, T_BOOL } ktype;
@@ -85,7 +86,7 @@ static const key_row keys[] = {
     {"init", T_STR, S(init), "", 0, 0, "start from these weights: a Hugging Face model folder (config.json + model.safetensors or shards; Llama, Qwen2, Mistral) or a safetensors file (memfit's own, or Hugging Face GPT-2 names)"},
     {"out_dir", T_STR, S(out_dir), "", 0, 0, "folder for checkpoints and the final model (empty = none written)"},
     {"ckpt_every", T_INT, F(ckpt_every), 0, "0", 0, 1 << 30, "write a checkpoint every N steps (0 = only at the end, if out_dir)"},
-    {"resume", T_STR, S(resume), "", 0, 0, "resume from this checkpoint file"},
+    {"resume", T_STR, S(resume), "", 0, 0, "resume from this checkpoint file; auto = from --out_dir's checkpoint if there is one, else start fresh"},
     {"metrics", T_STR, S(metrics), "", 0, 0, "write one JSON object per step to this .jsonl file"},
     {"trace", T_STR, S(trace), "", 0, 0, "write a Chrome trace-event JSON file (Perfetto, chrome://tracing): phases, steps and memory by category"},
     {"report", T_STR, S(report), "", 0, 0, "write a self-contained HTML report (loss, tokens/s, memory by category, plan vs measured) into this folder"},
@@ -125,15 +126,32 @@ static const key_row *find_key(const char *k, int *idx) {
     return NULL;
 }
 
+/* One spelling rule for switches, wherever the value comes from (flag,
+ * --flag=V, --flag V, YAML): 1 if v is on, 0 if off, -1 if neither. */
+static int bool_word(const char *v) {
+    static const char *const on[] = {"1", "true", "on", "yes"}, *const off[] = {"0", "false", "off", "no"};
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(v, on[i]) == 0) return 1;
+        if (strcasecmp(v, off[i]) == 0) return 0;
+    }
+    return -1;
+}
+
 static int apply(mf_config *c, const key_row *r, const char *v) {
     char *base = (char *)c + r->off;
     char *end = NULL;
     errno = 0;
     switch (r->type) {
-    case T_INT: case T_BOOL: {
+    case T_BOOL: {
+        int x = bool_word(v);
+        if (x < 0)
+            return mf_fail("config key '%s' is a switch: expected 1, 0, true, false, on, off, yes or no, got '%s' "
+                           "(on the command line: --%s, --%s=0 or --no-%s)", r->key, v, r->key, r->key, r->key);
+        *(int *)base = x;
+        return 0;
+    }
+    case T_INT: {
         long x = strtol(v, &end, 10);
-        if (r->type == T_BOOL && (strcmp(v, "true") == 0 || strcmp(v, "on") == 0)) x = 1, end = (char *)v + strlen(v);
-        if (r->type == T_BOOL && (strcmp(v, "false") == 0 || strcmp(v, "off") == 0)) x = 0, end = (char *)v + strlen(v);
         if (!*v || *end || errno || x < r->lo || x > r->hi)
             return mf_fail("config key '%s': expected an integer in [%.0f, %.0f], got '%s'", r->key, r->lo, r->hi, v);
         *(int *)base = (int)x;
@@ -308,10 +326,28 @@ int mf_config_parse_args(mf_config *c, int argc, char **argv, char **positional,
         memcpy(key, a + 2, klen);
         key[klen] = 0;
         const key_row *r = find_key(key, NULL);
+        const key_row *neg = r || strncmp(key, "no-", 3) != 0 ? NULL : find_key(key + 3, NULL);
+        if (neg && neg->type == T_BOOL) {
+            /* --no-flag switches off; it takes no value */
+            if (eq) return mf_fail("option --%s takes no value (use --%s=0 or --no-%s)", key, key + 3, key + 3);
+            if (mf_config_set(c, key + 3, "0")) return -1;
+            continue;
+        }
         if (!r) return mf_fail("unknown option --%s (memfit train --help lists them)", key);
         if (eq) val = eq + 1;
-        else if (r->type == T_BOOL) val = "1";
-        else {
+        else if (r->type == T_BOOL) {
+            /* --flag alone is on; --flag 0/1/true/false/on/off/yes/no takes the word */
+            val = "1";
+            if (i + 1 < argc && bool_word(argv[i + 1]) >= 0) val = argv[++i];
+            else if (i + 1 < argc) {
+                /* a number after a switch is a mistyped value, not a positional */
+                char *end;
+                const char *nx = argv[i + 1];
+                errno = 0;
+                (void)strtod(nx, &end);
+                if (*nx && !*end) val = argv[++i];  /* apply() refuses it with the accepted spellings */
+            }
+        } else {
             if (i + 1 >= argc) return mf_fail("option --%s needs a value", key);
             val = argv[++i];
         }
