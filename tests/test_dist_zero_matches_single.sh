@@ -83,7 +83,10 @@ for z in 0 3; do NP=3 run2 "np3-zero$z" --batch 6 --zero $z; compare single-b6 "
 # Llama family: llama-tiny's untied head (its gradient is complete with the
 # loss, in the head's forward phase, before any other) and a tied head from a
 # Hugging Face folder the PyTorch reference writes; on a token file of their own
-head -c 100000 /dev/urandom | base64 > "$W/llama.txt"
+# (seeded bytes, not /dev/urandom: on some random draws Adam's amplification
+# of 10 steps of reduction-order rounding crossed the bounds, a flaky test)
+python3 -c 'import base64, random, sys; r = random.Random(86)
+sys.stdout.write(base64.encodebytes(bytes(r.getrandbits(8) for _ in range(100000))).decode())' > "$W/llama.txt"
 "$M" tokenize --tokenizer bytes "$W/llama.txt" "$W/llama.tok" >/dev/null || { echo "FAIL llama: tokenize"; fail=1; }
 run1 llama-single --model llama-tiny --data "$W/llama.tok"
 for z in 1 2 3; do run2 "llama-zero$z" --model llama-tiny --data "$W/llama.tok" --zero $z; compare llama-single "llama-zero$z" 1e-5; done
