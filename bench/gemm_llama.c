@@ -1,12 +1,16 @@
 /* Times every fp32 GEMM shape of a Llama-family training step (default
  * smollm2-135m, B4 T256: C 576, K/V width 192, ffn 1536, vocab 49152, loss
- * chunk 256, 30 layers) on each fp32 backend mf_sgemm has (MEMFIT_GEMM),
- * in the transpose forms src/model/llama.c and src/kernels/classifier.c
- * call (weights (out, in): forward x W^T, dW += dY^T x, dX = dY W), the
- * backends alternating per repetition. Prints per shape the median GFLOP
- * per wall second and per process-CPU second (the fairer one on a shared
- * machine) for each backend, and a step total weighted by how often a step
- * runs each shape. Not a test.
+ * chunk 256, 30 layers) in the transpose forms src/model/llama.c and
+ * src/kernels/classifier.c call (weights (out, in): forward x W^T,
+ * dW += dY^T x, dX = dY W), three ways, alternating per repetition:
+ * "onednn" is mf_sgemm's default backend (each call sliced across the
+ * threads by memfit, gemm.c), "dnnl-thr" is dnnl_sgemm called directly
+ * (oneDNN threading each call, what mf_sgemm did before), "openblas" is
+ * mf_sgemm's OpenBLAS backend. Prints per shape GFLOP per wall second and
+ * per process-CPU second (the fairer one on a shared machine; libgomp's
+ * spin while a thread waits counts as CPU), the median of the repetitions
+ * (BENCH_BEST=1: the fastest), and a step total weighted by how often a
+ * step runs each shape. Not a test.
  *   build/bench_gemm_llama [reps=5] [threads=all] [C kv ffn vocab rows layers]
  */
 #include <oneapi/dnnl/dnnl.h>
