@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 export MEMFIT_CACHE ?= $(HOME)/.cache/memfit
 
-.PHONY: all deps-build deps-test data demo test bench clean
+.PHONY: all deps-build deps-test data demo sft-demo test bench fuzz clean
 
 all: build/memfit
 
@@ -25,6 +25,11 @@ data:
 demo: build/memfit data
 	./build/memfit train --config configs/demo.yaml
 
+# supervised fine-tuning from scratch on two pinned chat data sets, scored
+# by greedy answers (scripts/sft_demo.sh; README "Chat data")
+sft-demo: build/memfit
+	@MEMFIT_BIN=./build/memfit bash scripts/sft_demo.sh
+
 test: deps-test data
 	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build build -j $(JOBS)
@@ -32,8 +37,13 @@ test: deps-test data
 	@cmake --build build-asan -j $(JOBS)
 	@bash scripts/run_tests.sh
 
+# libFuzzer harnesses (fuzz/): each runs FUZZ_SECONDS from its seed corpus
+FUZZ_SECONDS ?= 60
+fuzz: build/memfit
+	@bash scripts/fuzz.sh --seconds $(FUZZ_SECONDS) --out build-fuzz
+
 bench: build/memfit data
 	@bash bench/compare_torch.sh
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz

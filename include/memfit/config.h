@@ -48,6 +48,10 @@ typedef struct {
     char data[MF_PATH_MAX], val_data[MF_PATH_MAX], tokenizer_dir[MF_PATH_MAX];
     double val_fraction;
     int val_every, val_batches;
+    char chat_template[16];   /* chat data: llama3 | chatml | llama2 | smollm2 | "" (detected) */
+    char train_on[16];        /* completion | prompt_too */
+    char packing[8];          /* on | off */
+    int skip_bad_lines;
     /* sampling */
     int sample_every, sample_tokens, top_k;
     double temperature;
@@ -71,6 +75,7 @@ typedef struct {
     int zero;                 /* ZeRO stage over the data-parallel ranks (dist/) */
     int world_size;           /* ranks the plan is for (memfit estimate; train takes mpirun's) */
     double dist_timeout;      /* seconds a collective waits for a peer (0 = forever) */
+    double net_gbps;          /* memfit plan: bandwidth per rank (Gbit/s) for the communication time (0 = none) */
     int progress;             /* -1 auto (terminal), 0 off, 1 on */
     /* parameter-efficient fine-tuning (lora.h) */
     char lora[256];           /* "" or r=8,alpha=16,dropout=0.05,targets=... */
@@ -99,6 +104,10 @@ void mf_config_print_help(FILE *f);
 int mf_config_to_yaml(const mf_config *c, char *buf, size_t n);
 /* True when the user set the key explicitly (file or flag). */
 int mf_config_was_set(const mf_config *c, const char *key);
+/* 1 when the training data is chat / instruction data (data names a
+ * .jsonl file: src/data/sft.c), and with it whether packing is on. */
+int mf_config_is_chat(const mf_config *c);
+int mf_config_packs(const mf_config *c);
 
 #ifdef __cplusplus
 }

@@ -188,6 +188,63 @@ void mf_chat_rendered_free(mf_chat_rendered *r);
 int mf_chat_tokenize(const mf_tokenizer *t, const mf_chat_rendered *r, int32_t **ids, uint8_t **mask,
                      size_t *n);
 
+/* ---- supervised fine-tuning store (src/data/sft.c) --------------------
+ *
+ * A JSONL file of conversations, tokenized once up front into one heap
+ * store: every example's ids and loss mask, and the rows of T positions
+ * the examples are laid out in. An example of n ids fills n - 1 positions
+ * (inputs ids[0..n-2], targets ids[1..n-1]); a target counts for the loss
+ * when its id lies in a loss span (or always, prompt_too). Packing on:
+ * examples in file order fill each row until the next does not fit (no
+ * example is split; a longer one is an error, or skipped); positions
+ * restart at 0 with each example, so the attention's document mask keeps
+ * examples apart. Packing off: one example per row, an example of more
+ * than T + 1 ids split into pieces (each piece an example: the piece's
+ * first id is the previous piece's last, and it does not see earlier
+ * pieces). The rest of a row is padding: input id 0, target ignored. */
+typedef struct {
+    int T;               /* positions per row (the run's seq) */
+    int prompt_too;      /* targets in the prompt count too */
+    int packing;         /* several examples per row */
+    int skip_bad;        /* count and skip bad lines instead of failing */
+} mf_sft_opts;
+typedef struct {
+    uint32_t *ids;       /* (n_ids) every example's ids, concatenated */
+    uint8_t *mask;       /* (n_ids) 1: a target at this id counts for the loss */
+    uint64_t *off;       /* (n_ex+1) example e is ids[off[e], off[e+1]) */
+    uint32_t *row;       /* (n_rows+1) row r holds examples row[r] .. row[r+1]-1 */
+    int64_t n_ids, n_ex, n_rows;
+    int64_t lines, skipped, skipped_long; /* lines read; bad ones skipped (of them too long) */
+    int64_t n_conv, split;                /* conversations kept; extra pieces of split ones (packing off) */
+    int64_t positions, pad, targets;      /* over all rows: positions, padding, counted targets */
+    size_t bytes;        /* heap bytes the store holds (ids, mask, off, row) */
+    mf_sft_opts o;
+    mf_chat_template tpl; /* the template it was rendered with */
+} mf_sft_data;
+
+/* Reads, renders (template tpl), tokenizes and lays out `path`. Errors
+ * (without skip_bad) name the line: malformed JSON, unknown role, empty
+ * assistant turn, a conversation the template cannot express, an example
+ * longer than T + 1 ids (with packing); an id >= max_id; no examples at all. A progress
+ * line goes to stderr every 20000 lines. 0, or -1 (nothing kept). */
+int mf_sft_load(mf_sft_data *d, const char *path, const mf_tokenizer *tok, mf_chat_template tpl,
+                const mf_sft_opts *o, int64_t max_id);
+void mf_sft_free(mf_sft_data *d);
+/* The most positions one example (or piece) fills: its ids less one. */
+int mf_sft_longest(const mf_sft_data *d);
+/* Lays the examples out again in rows of T positions (T >= the longest). */
+int mf_sft_relayout(mf_sft_data *d, int T);
+/* Row r (taken modulo n_rows) into in, tg (MF_TARGET_IGNORE (-1) for
+ * targets that do not count) and pos (NULL: not written), T each. Returns
+ * the number of targets that count. */
+int mf_sft_fill_row(const mf_sft_data *d, int64_t r, int32_t *in, int32_t *tg, int32_t *pos);
+/* The counted targets of row r (modulo n_rows), without filling it. */
+int mf_sft_row_targets(const mf_sft_data *d, int64_t r);
+/* The text of a conversation up to its first assistant turn's content
+ * (the prompt a model continues) and that content, for greedy evaluation.
+ * *prompt is malloc'd. 0, or -1. */
+int mf_chat_prompt(mf_chat_template t, const mf_chat *c, char **prompt, const char **answer, size_t *answer_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,9 +5,13 @@
  * Owns: the MPI session (one per process, started only when a launcher such
  * as mpirun started the process; otherwise the world is one rank and no MPI
  * call is made), the split of every tensor into per-rank shards, and the
- * collectives on float buffers. Promises: collectives are rings of MPI
- * point-to-point messages whose only scratch is the planned `comm` row
- * (category comm), so the arena holds every byte they use; every rank ends
+ * collectives on float buffers. Promises: collectives are Open MPI's own
+ * (MPI_Iallreduce, MPI_Ireduce to each shard's owner or with
+ * MEMFIT_DIST_RS=block MPI_Ireduce_scatter_block, MPI_Iallgatherv, in place),
+ * cut into messages of at most MF_DIST_BUCKET floats; memfit's scratch for
+ * them is the planned `comm` row, and the library's own scratch for a
+ * bucket is measured at start, inside the baseline (MEMFIT_DIST_RING=1
+ * runs memfit's former rings of MPI_Sendrecv instead); every rank ends
  * a collective with bitwise the same values; results do not depend on the
  * number of ranks beyond float summation order. A failed MPI call returns -1
  * with a message; a rank that dies makes the launcher stop the others, and
@@ -42,21 +46,50 @@ int mf_dist_finish(int rc);
  * default 300): the config key dist_timeout. */
 void mf_dist_set_timeout(double seconds);
 
+/* Floats in one message of a collective at most (4 MiB): longer tensors
+ * go as several messages, so the MPI library's scratch stays bounded. */
+#define MF_DIST_BUCKET (1 << 20)
+int64_t mf_dist_bucket(void);
+typedef enum { MF_DIST_ALLREDUCE, MF_DIST_REDUCE_SCATTER, MF_DIST_ALLGATHER, MF_DIST_COLL_COUNT } mf_dist_coll;
+/* Resident bytes the MPI library added for each collective's first call on
+ * a full bucket, measured by mf_dist_init before the trainer reads its
+ * baseline (so inside that baseline); 0 without MPI or on one rank. */
+size_t mf_dist_mpi_scratch(mf_dist_coll c);
+
 /* Rank r's shard of n elements: [lo, hi) with lo = n*r/world (floor). */
 void mf_dist_shard(int64_t n, int world, int rank, int64_t *lo, int64_t *hi);
-/* Ring reduce-scatter of x[n] summed over the ranks, in place: on return
+/* Reduce-scatter of x[n] summed over the ranks, in place: on return
  * this rank's shard of x holds the sum; the rest of x is garbage. scratch
- * holds scratch_n floats (any size >= 1; messages are cut to it). */
+ * holds scratch_n floats (at least the number of ranks; messages are cut
+ * to it: each carries scratch_n / ranks floats of every rank's shard). */
 int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n);
-/* Ring all-gather in place: each rank's shard of x[n] is copied to all. */
+/* All-gather in place: each rank's shard of x[n] is copied to all. */
 int mf_dist_allgather(float *x, int64_t n);
 /* Background all-gather in place (ZeRO 3's prefetch): a thread runs
  * mf_dist_allgather on x[0..k) (n[i] elements each) while the caller
  * computes; mf_dist_gather_wait joins it and returns its result. Any other
  * collective the caller starts first waits for it. */
 int mf_dist_gather_start(float *const *x, const int64_t *n, int k);
+/* Joins whichever background collective runs (gather or reduce). */
 int mf_dist_gather_wait(void);
-/* Sum of x[n] over the ranks on every rank (reduce-scatter + all-gather). */
+/* Background reduce-scatter (ZeRO 2's overlap): a thread reduce-scatters
+ * x[0..k) (n[i] elements each, scratch as mf_dist_reduce_scatter) and adds
+ * this rank's shard of each into acc[i]; completed by mf_dist_gather_wait
+ * or by the caller's next collective. x, acc and scratch must stay
+ * untouched until then. */
+int mf_dist_reduce_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n);
+/* Seconds so far in collectives the main thread ran itself (sync), in
+ * background collectives (bg), and that the main thread waited for
+ * background ones to finish (wait): bg - wait of the communication was
+ * hidden behind compute. */
+void mf_dist_comm_times(double *sync_s, double *bg_s, double *wait_s);
+/* Bytes this rank's collectives moved so far at a bandwidth-optimal
+ * algorithm's volume ((W-1)/W of each reduce-scatter's or all-gather's
+ * buffer, twice that for an all-reduce; the ZeRO paper's count): the
+ * measured side of memfit plan's communication volume. */
+double mf_dist_comm_bytes(void);
+/* Sum of x[n] over the ranks on every rank (MPI_Iallreduce by buckets;
+ * the rings use scratch for a reduce-scatter + all-gather). */
 int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n);
 /* Sums n doubles over the ranks, in place (small: loss, norms). */
 int mf_dist_sum_doubles(double *x, int n);
@@ -68,10 +101,10 @@ int mf_dist_sum_doubles(double *x, int n);
  * element-wise under sharding, update_in_backward or offload across ranks). */
 int mf_zero_check(const mf_config *cfg, int world);
 /* The plan rows data parallelism adds to a training plan whose model was
- * planned with m->opt.zero/world/rank: the ring's scratch (comm.ring),
+ * planned with m->opt.zero/world/rank: the reduce-scatter's bucket scratch (comm.bucket),
  * alive only while collectives run. None on one rank. */
 int mf_zero_plan(mf_plan *plan, const mf_model *m);
-/* Elements of the ring scratch (the comm.ring row). */
+/* Elements of the bucket scratch (the comm.bucket row). */
 int64_t mf_zero_ring_numel(const mf_model *m);
 
 /* Bytes of the rows that live through the whole step (the model states

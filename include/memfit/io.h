@@ -30,6 +30,8 @@ typedef struct {
     int64_t shape[MF_MAX_DIMS];
     const void *data;   /* points into the map */
     size_t nbytes;
+    int has_sum;        /* the file records this tensor's checksum */
+    uint64_t sum;       /* XXH3-64 of its bytes (metadata "xxh3_64:<name>") */
 } mf_st_tensor;
 
 typedef struct {
@@ -39,6 +41,7 @@ typedef struct {
     int n_meta;
     void *map;
     size_t map_size;
+    char *path;         /* for messages (escaped) */
 } mf_st_file;
 
 /* Opens and validates; -1 with a message naming the file and the problem. */
@@ -46,6 +49,21 @@ int mf_st_open(mf_st_file *f, const char *path);
 void mf_st_close(mf_st_file *f);
 const mf_st_tensor *mf_st_find(const mf_st_file *f, const char *name);
 const char *mf_st_meta(const mf_st_file *f, const char *key); /* NULL if absent */
+
+/* Checksums and finite values. memfit's writer records an XXH3-64 of every
+ * tensor's bytes in __metadata__ ("xxh3_64:<name>" -> 16 hex digits; the
+ * reader moves them onto the tensors, out of meta_keys); files from other
+ * tools have none and are not checked for them. A loader hands
+ * each tensor through mf_st_stream: the map is read 4 MiB at a time, each
+ * piece is hashed and checked for NaN/Inf (F32, BF16, F16), given to `sink`
+ * (NULL: only checked) at byte offset `off`, and its pages are dropped, so
+ * nothing beyond one piece is added to the process's RSS. -1 with a message
+ * naming the file and the tensor if a value is not finite (before the piece
+ * reaches the sink) or the checksum differs (after the last piece). */
+typedef void (*mf_st_sink_fn)(void *ctx, size_t off, const void *src, size_t len);
+int mf_st_stream(const mf_st_file *f, const mf_st_tensor *t, mf_st_sink_fn sink, void *ctx);
+/* Every tensor of the file through mf_st_stream with no sink. */
+int mf_st_verify_all(const mf_st_file *f);
 
 /* Writer: describe the tensors, then write everything in one call. Data
  * pointers must stay valid until mf_st_write returns. A tensor whose bytes
@@ -80,6 +98,14 @@ int mf_atomic_open(mf_atomic_file *af, const char *path);
 int mf_atomic_commit(mf_atomic_file *af);
 /* Abandons: removes the temp file. */
 void mf_atomic_abort(mf_atomic_file *af);
+
+/* Start-up clean-up of a folder memfit writes into: removes every
+ * "<name>.tmp.<pid>" whose pid is not a live memfit process (a writer that
+ * was killed mid-write leaves one behind; nothing else ever would). Our own
+ * pid counts as gone: call this before this process writes anything there.
+ * Returns the number removed and, in `names` (cap bytes), the first few
+ * names for a message; -1 with a message if the folder cannot be read. */
+int mf_atomic_clean_stale(const char *dir, char *names, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -84,10 +84,14 @@ void mf_bias_gelu_forward(float *out, float *pre, const float *bias, int N, int 
 void mf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 
 /* Softmax cross-entropy over the first V of Vp logit columns (columns V..Vp-1
- * are padding and never enter the softmax). logits (N,Vp), targets (N).
+ * are padding and never enter the softmax). logits (N,Vp), targets (N);
+ * a target of MF_TARGET_IGNORE (-1: a prompt token, padding, a document's
+ * last token) is skipped as PyTorch's ignore_index is: its loss is 0 (not
+ * in the sum) and its gradient row is 0.
  * Writes each row's loss into losses (N) and returns their sum (double).
  * If dscale != 0, overwrites logits with d(loss)/d(logits) * dscale, i.e.
  * (softmax - onehot) * dscale, padding columns set to 0. */
+#define MF_TARGET_IGNORE (-1)
 double mf_crossentropy_forward(float *logits, float *losses,
                                const int32_t *targets, int N, int V, int Vp,
                                float dscale);
@@ -173,6 +177,21 @@ void mf_flash_attention_gqa_backward(float *dqkv, float *scratch, const float *d
                                      const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
                                      int window);
 
+/* The same with documents packed into each row (document masking): pos
+ * (B,T) gives each token's position in its document, 0 at a document's
+ * first token and +1 per token after it; query i then sees only keys of its
+ * own document (j >= i - pos[i]), and key tiles wholly before it are
+ * skipped. pos NULL: exactly mf_flash_attention_gqa_forward / _backward. */
+void mf_flash_attention_doc_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
+                                    int hs, int window, const int32_t *pos);
+void mf_flash_attention_doc_backward(float *dqkv, float *scratch, const float *dout, const float *out,
+                                     const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
+                                     int window, const int32_t *pos);
+/* GPT-2's learned positions for packed documents: out (N,C) += wpe[pos[n]],
+ * and its backward dwpe[pos[n]] += dout[n] (rows added in order). */
+void mf_pos_embed_add(float *out, const float *wpe, const int32_t *pos, int N, int C);
+void mf_pos_embed_backward(float *dwpe, const float *dout, const int32_t *pos, int N, int C);
+
 /* RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm): out = inp * rstd * w,
  * rstd = 1/sqrt(mean(inp^2) + eps), kept (N) for backward. */
 void mf_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
@@ -255,6 +274,112 @@ void mf_embed_forward16(float *out, const int32_t *inp, const void *wte, mf_dtyp
  * into a column range of a wider row (q, k and v into qkv). */
 void mf_gemm16_ldc(mf_dtype dt, float *C, int ldc, const void *A, const void *B, const float *bias, int M, int N,
                    int K, int tA, int tB, int accumulate, void *scratch, size_t scratch_bytes);
+
+/* ==== Mixture of experts (moe.c; docs/moe.md) ============================
+ * A Mixtral-style sparse MLP block (HF MixtralSparseMoeBlock): a linear
+ * router picks k of E SwiGLU experts per token; the token's output is the
+ * routing-weighted sum of those experts' outputs. Dropless by default: the
+ * N*k token-slots (slot s = n*k + j: token n's j-th choice) are counting-
+ * sorted by expert into contiguous groups of "permuted rows", each expert
+ * runs its GEMMs over its group, and the results are scattered back. An
+ * optional capacity (tokens per expert) drops the overflow slots, in token
+ * order: a dropped slot skips the MLP and its weight contributes nothing.
+ * Weights in HF nn.Linear layout (out, in): wg (E,C) = gate.weight; expert
+ * e's w1 (F,C) gate_proj, w3 (F,C) up_proj, w2 (C,F) down_proj, stored
+ * expert after expert: w1, w3 (E,F,C), w2 (E,C,F).
+ * Functions that take sizes return -1 (mf_error) for bad ones (E < 1,
+ * k < 1, k > E, N, C or F < 1, capacity < 0); nothing is written then.
+ * Every buffer is the caller's; mf_moe_buffer_sizes gives their sizes. */
+typedef struct {
+    int N, C, F;        /* tokens, model width, expert hidden width */
+    int E, k;           /* experts, experts per token */
+    int norm_topk_prob; /* 1: renormalise the k weights to sum 1 (Mixtral) */
+    int capacity;       /* max slots per expert; 0: dropless */
+} mf_moe_dims;
+
+/* The router's saved state: written by mf_moe_router_forward, read by
+ * every later step and by backward (kept, not recomputed: a recomputed
+ * block routes identically). */
+typedef struct {
+    float *probs;      /* (N,E) softmax of the logits x @ wg^T */
+    float *lse;        /* (N) logsumexp of each row of logits */
+    int32_t *topk_idx; /* (N,k) chosen experts, by falling prob; ties: lower index */
+    float *topk_w;     /* (N,k) routing weights: probs of the chosen (renormalised) */
+    float *frac;       /* (E) f_e = slots routed to e / N (before capacity drops) */
+} mf_moe_route;
+
+/* The permutation (mf_moe_dispatch) and the activations the experts keep
+ * for backward; R = mf_moe_buffer_sizes' rows. */
+typedef struct {
+    int32_t *offsets;  /* (E+1) expert e's rows are offsets[e] .. offsets[e+1]-1 */
+    int32_t *slot_row; /* (N*k) permuted row of each slot; -1: dropped */
+    float *xp;         /* (R,C) gathered input rows */
+    float *h1, *h3;    /* (R,F) gate and up pre-activations */
+    float *ha;         /* (R,F) silu(h1) * h3 */
+    float *yp;         /* (R,C) expert outputs, before the routing weight */
+} mf_moe_acts;
+
+/* Backward scratch (contents undefined on return). */
+typedef struct {
+    float *dlogits;    /* (N,E) */
+    float *dtopk_w;    /* (N,k) gradient to the routing weights */
+    float *dyp;        /* (R,C) gradient to yp, then to xp */
+    float *dh1, *dh3;  /* (R,F) */
+} mf_moe_work;
+
+/* The buffers above, one plan row each. */
+typedef enum {
+    MF_MOE_BUF_PROBS, MF_MOE_BUF_LSE, MF_MOE_BUF_TOPK_IDX, MF_MOE_BUF_TOPK_W, MF_MOE_BUF_FRAC,
+    MF_MOE_BUF_OFFSETS, MF_MOE_BUF_SLOT_ROW, MF_MOE_BUF_XP, MF_MOE_BUF_H1, MF_MOE_BUF_H3, MF_MOE_BUF_HA,
+    MF_MOE_BUF_YP, MF_MOE_BUF_DLOGITS, MF_MOE_BUF_DTOPK_W, MF_MOE_BUF_DYP, MF_MOE_BUF_DH1, MF_MOE_BUF_DH3,
+    MF_MOE_BUF_COUNT
+} mf_moe_buf;
+const char *mf_moe_buf_name(mf_moe_buf b);
+
+/* capacity = ceil(cf * N * k / E) slots per expert (Switch Transformer's
+ * expert capacity, counted in slots); cf <= 0: 0 (dropless). -1 for bad
+ * sizes or a capacity above INT_MAX. */
+int mf_moe_capacity(int N, int k, int E, double cf, int *capacity);
+/* Worst-case bytes of each buffer (unaligned; bytes[MF_MOE_BUF_COUNT]) for
+ * N tokens and capacity factor cf (<= 0: dropless). rows: permuted rows R =
+ * N*k dropless, min(N*k, E*capacity) with a capacity; group_rows: the
+ * largest one expert can get, N dropless (a token picks an expert at most
+ * once), min(N, capacity) with one. bytes, rows, group_rows may be NULL. */
+int mf_moe_buffer_sizes(size_t *bytes, int64_t *rows, int64_t *group_rows, int N, int k, int E, int C, int F,
+                        double cf);
+
+/* Router forward: logits = x (N,C) @ wg^T, softmax, top-k, weights (see
+ * mf_moe_route). aux (may be NULL) = E * sum_e f_e * P_e, P_e = mean over
+ * tokens of probs[:,e] (HF load_balancing_loss_func for one layer); z (may
+ * be NULL) = mean over tokens of lse^2 (ST-MoE router z-loss). */
+int mf_moe_router_forward(mf_moe_route *r, double *aux, double *z, const float *x, const float *wg,
+                          const mf_moe_dims *d);
+/* Router backward from w->dtopk_w (the experts' backward fills it) plus
+ * aux_scale * d(aux) + z_scale * d(z) (scale: the loss's coefficient times
+ * its gradient scale; 0: that loss is off). dx (N,C) and dwg (E,C)
+ * accumulate (dwg NULL: frozen). Uses w->dlogits. */
+int mf_moe_router_backward(float *dx, float *dwg, mf_moe_work *w, const mf_moe_route *r, const float *x,
+                           const float *wg, float aux_scale, float z_scale, const mf_moe_dims *d);
+
+/* Counting sort of the slots by expert (stable: token order within a
+ * group) into a->offsets and a->slot_row; with d->capacity > 0 slot s of
+ * expert e is dropped when e already has capacity earlier slots. Writes
+ * the number of dropped slots to *dropped (may be NULL). An expert index
+ * outside 0..E-1 in r->topk_idx is -1 too (offsets/slot_row then undefined). */
+int mf_moe_dispatch(mf_moe_acts *a, int *dropped, const mf_moe_route *r, const mf_moe_dims *d);
+/* Experts forward (after dispatch): gathers x (N,C) into xp, runs each
+ * expert's SwiGLU MLP on its group, y (N,C) = sum over the token's kept
+ * slots of topk_w * yp (overwritten; a token whose slots all dropped gets 0). */
+int mf_moe_experts_forward(float *y, mf_moe_acts *a, const float *x, const mf_moe_route *r, const float *w1,
+                           const float *w3, const float *w2, const mf_moe_dims *d);
+/* Experts backward: dx (N,C) accumulates the input gradient through the
+ * experts; dw1, dw3, dw2 accumulate (NULL: all three frozen); w->dtopk_w
+ * (N,k) gets d(loss)/d(topk_w) (0 for dropped slots) for
+ * mf_moe_router_backward, which must run after this. */
+int mf_moe_experts_backward(float *dx, float *dw1, float *dw3, float *dw2, mf_moe_work *w, const float *dy,
+                            const mf_moe_acts *a, const mf_moe_route *r, const float *w1, const float *w3,
+                            const float *w2, const mf_moe_dims *d);
+/* ==== end of mixture of experts ========================================== */
 
 #ifdef __cplusplus
 }

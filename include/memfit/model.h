@@ -149,9 +149,13 @@ typedef struct {
     int up;                       /* Llama: (N,I) up_proj output; -1 for GPT-2 */
 } mf_layer_acts;
 
-/* A Llama block's tensors (mf_model.lt gives their offsets in the block). */
+/* A block's tensors by what they do (mf_model.lt gives their offsets in
+ * the block, -1 when the family has none). GPT-2 fills LN1/LN1B, Q (its
+ * c_attn: q|k|v in one matrix) and QB, O/OB (attn.c_proj), LN2/LN2B, GATE
+ * (mlp.c_fc) and GATEB, DOWN/DOWNB (mlp.c_proj); a Llama LN1, Q, K, V (and
+ * Qwen2's QB, KB, VB), O, LN2, GATE, UP, DOWN. */
 enum { MF_LT_LN1, MF_LT_Q, MF_LT_QB, MF_LT_K, MF_LT_KB, MF_LT_V, MF_LT_VB, MF_LT_O, MF_LT_LN2, MF_LT_GATE,
-       MF_LT_UP, MF_LT_DOWN, MF_LT_COUNT };
+       MF_LT_UP, MF_LT_DOWN, MF_LT_LN1B, MF_LT_OB, MF_LT_LN2B, MF_LT_GATEB, MF_LT_DOWNB, MF_LT_COUNT };
 
 typedef struct {
     mf_dims d;
@@ -166,11 +170,13 @@ typedef struct {
     int t_layer0, nlt;    /* layer l's tensors are [t_layer0 + l*nlt, +nlt) */
     int t_normf, n_normf; /* the final norm's tensors (weight, GPT-2's bias) */
     int t_head;           /* the untied output head, -1 when tied to t_emb */
-    int lt[MF_LAYER_TENSORS]; /* Llama: offset in a block of each MF_LT_* tensor, -1 if absent */
+    int lt[MF_LT_COUNT];  /* offset in a block of each MF_LT_* tensor, -1 if absent */
     int rope;             /* Llama: the cos/sin table (work, the whole run), -1 for GPT-2 */
     int rope_T;           /* positions the table can hold */
     int rope_filled;      /* positions it holds now (0: not filled yet) */
-    int inputs, targets;  /* (B,T) int32, category data */
+    int inputs, targets;  /* (B,T) int32, category data; a target MF_TARGET_IGNORE (-1) is not in the loss */
+    int pos;              /* packing: (B,T) int32 position of each token in its document (0 at its first
+                           * token), category data; attention stays within a document; -1 without packing */
     int *res;             /* L+1 residual streams (N,C) as forward writes them; res[0] = embeddings */
     int *rres;            /* L+1: the same as backward reads them (rebuilt ones differ) */
     mf_layer_acts *acts;  /* L: rows the forward pass writes */
@@ -203,6 +209,8 @@ typedef struct {
     int prefetch;         /* ZeRO 3: gather the next layer's parameters while this one runs
                            * (its rows live one phase earlier); MEMFIT_ZERO_PREFETCH=0 turns it off */
     int pf_first;         /* ZeRO 3: first tensor of the gather in flight, else -1 */
+    int overlap;          /* ZeRO 2: a block's gradients are reduce-scattered in the background during the
+                           * next phase (their rows live one phase longer); MEMFIT_ZERO_OVERLAP=0 turns it off */
     /* LoRA (lora.h): adapters on the targeted matmuls of a frozen base */
     mf_lora_cfg lora;     /* lora.r == 0: none */
     int lora_first;       /* tensors[lora_first..]: per layer, per target in order, lora_A then lora_B */
@@ -303,7 +311,9 @@ void mf_model_zero_state(const mf_model *m, const mf_arena *a, const mf_tensor *
  * trade: fewer, longer sequences fit as well as more, shorter ones. */
 int mf_model_fits(const mf_model *m, int B, int T);
 /* Forward on B x T tokens (B rows of T, that mf_model_fits; inputs/targets
- * already in the arena). Returns the mean loss over B*T positions. If dscale != 0
+ * (and pos, with packing) already in the arena). Returns the mean loss over
+ * the positions whose target is not MF_TARGET_IGNORE (0 if none); the
+ * gradient is each counted position's times dscale. If dscale != 0
  * (training), the head also leaves d(loss)/d(logits) * dscale in the
  * logits buffer for mf_model_backward. If targets is 0, no loss is
  * computed (sampling) and 0 is returned. */

@@ -93,7 +93,10 @@ typedef struct {
     size_t peak_cat[MF_CAT_COUNT];
     double gemm_flops, attn_flops, elem_bytes, io_bytes; /* per optimizer step */
     double optim_params;  /* parameters the optimizer updates per step */
-    double pred_s;        /* predicted seconds per optimizer step */
+    double pred_s;        /* predicted seconds per optimizer step (compute, plus comm_s over ranks) */
+    double comm_bytes;    /* world_size > 1: bytes each rank sends per step (ZeRO paper: 2 Psi for stages
+                           * 0-2, 3 Psi for stage 3, in fp32, times (W-1)/W for bandwidth-optimal collectives) */
+    double comm_s;        /* comm_bytes at net_gbps (0 when net_gbps is 0), not overlapped with compute */
     int fits, frontier, chosen;
 } mf_planner_choice;
 
@@ -105,6 +108,8 @@ typedef struct {
     int requested;        /* index of the requested setting, -1 if not enumerated */
     size_t budget, runtime;
     int eff_batch, seq;
+    int world, zero;      /* ranks planned for (world_size) and the ZeRO stage */
+    double net_gbps;      /* bandwidth per rank the communication time assumes (0: none) */
     char offload_path[MF_PATH_MAX];
 } mf_planner_result;
 

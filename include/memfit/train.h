@@ -1,7 +1,8 @@
 /* memfit train: the training driver that ties config, plan, arena, model,
  * data, optimizer and checkpoints together.
  *
- * Owns: the plan, the arena, the ledger, the open token files, the
+ * Owns: the plan, the arena, the ledger, the open token files (or the
+ * chat-data store, src/data/sft.c: heap, before the baseline), the
  * tokenizer and small fixed heap buffers allocated once at start-up
  * (sampling context). Promises: after mf_trainer_init returns, a training
  * step allocates nothing; the process baseline RSS is measured before the
@@ -77,6 +78,8 @@ typedef struct {
     uint64_t train_lo, train_hi, val_lo, val_hi; /* id ranges [lo, hi) */
     int n_val_batches;
     uint64_t data_pos;    /* next training window, relative to train_lo */
+    int chat;             /* chat data (--data FILE.jsonl): rows come from sft, data_pos counts rows */
+    mf_sft_data sft;
     int step;             /* optimizer steps done */
     double lr;            /* learning rate of the step in progress */
     double uib_sumsq;     /* update_in_backward: squared gradient norm so far */

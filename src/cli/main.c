@@ -3,6 +3,7 @@
 #include "memfit/core.h"
 #include "memfit/data.h"
 #include "memfit/dist.h"
+#include "memfit/io.h"
 #include "memfit/kernels.h"
 #include "memfit/model.h"
 #include "memfit/monitor.h"
@@ -11,11 +12,13 @@
 #include "observe.h"
 #include "profile.h"
 #include "convert.h"
+#include "eval_chat.h"
 #include "merge.h"
 #include "report.h"
 
 #include <errno.h>
 #include <omp.h>
+#include <signal.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,6 +232,62 @@ static void calibrate_apart(int threads) {
     if (pid > 0) waitpid(pid, NULL, 0);
 }
 
+/* SIGINT / SIGTERM during training: the first asks the loop to stop after
+ * the step in progress (checkpoint, exit 0); a second one means "now". */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) {
+    if (stop_signal) {
+        static const char msg[] = "\nmemfit: second signal: stopping at once, without a checkpoint "
+                                  "(the last complete one is kept)\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+        _exit(128 + sig);
+    }
+    stop_signal = sig;
+}
+
+static void stop_signals_install(void) {
+    /* The handler runs on a stack of its own: a signal frame pushed on the
+     * interrupted stack corrupts oneDNN's sgemm (3 runs in 10 aborted in
+     * free() when SIGTERM arrived mid-step), which keeps data below the
+     * stack pointer. kill(pid) goes to the main thread, which has this stack. */
+    static char alt[1 << 16];
+    stack_t ss = {.ss_sp = alt, .ss_size = sizeof alt, .ss_flags = 0};
+    int onstack = sigaltstack(&ss, NULL) == 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    /* reads and writes in flight carry on; the loop looks at the flag */
+    sa.sa_flags = SA_RESTART | (onstack ? SA_ONSTACK : 0);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* --resume auto: the checkpoint memfit keeps in --out_dir (written
+ * atomically, so if it is there it is complete) or none: start fresh. */
+static int resume_auto(mf_config *cfg) {
+    if (strcmp(cfg->resume, "auto") != 0) return 0;
+    if (!cfg->out_dir[0]) return mf_fail("--resume auto looks for the checkpoint in --out_dir: give --out_dir");
+    char p[MF_PATH_MAX + 64], shard[MF_PATH_MAX + 96];
+    snprintf(p, sizeof p, "%s/checkpoint.safetensors", cfg->out_dir);
+    int found = access(p, R_OK) == 0;
+    if (!found && mf_dist_world() > 1) {
+        mf_trainer_shard_path(p, mf_dist_rank(), mf_dist_world(), shard, sizeof shard);
+        found = access(shard, R_OK) == 0;
+    }
+    if (found) {
+        if (strlen(p) >= sizeof cfg->resume) return mf_fail("--resume auto: path %s is too long", p);
+        snprintf(cfg->resume, sizeof cfg->resume, "%s", p);
+        if (mf_dist_rank() == 0) printf("resume auto: resuming from %s\n", p);
+    } else {
+        cfg->resume[0] = 0;
+        if (mf_dist_rank() == 0) printf("resume auto: no checkpoint in %s, starting fresh\n", cfg->out_dir);
+    }
+    return 0;
+}
+
 /* train and profile: the same run; profile skips validation, checkpoints
  * and samples, and prints its tables at the end. */
 static int cmd_train(int argc, char **argv, int profile) {
@@ -249,6 +308,15 @@ static int cmd_train(int argc, char **argv, int profile) {
     }
     if (mf_dist_rank() > 0) cfg.report[0] = cfg.trace[0] = 0;  /* rank 0 writes the job's report and trace */
     if (cfg.out_dir[0] && mkdir_p(cfg.out_dir)) return die(mf_error());
+    if (cfg.out_dir[0]) {
+        /* temp files of writers that were killed mid-write (kill -9, power) */
+        char names[512];
+        int n = mf_atomic_clean_stale(cfg.out_dir, names, sizeof names);
+        if (n < 0) return die(mf_error());
+        if (n > 0) printf("removed %d stale temp file%s in %s left by processes that are gone: %s\n", n,
+                          n > 1 ? "s" : "", cfg.out_dir, names);
+    }
+    if (resume_auto(&cfg)) return die(mf_error());
     if (mf_health_configure(cfg.health_levels)) return die(mf_error());
     char metrics_path[MF_PATH_MAX + 32];
     snprintf(metrics_path, sizeof metrics_path, "%s", cfg.metrics);
@@ -305,7 +373,11 @@ static int cmd_train(int argc, char **argv, int profile) {
     /* step times after the first (warm-up of the libraries) for the planner's report: the
      * last 1024, in a fixed array (nothing allocated per step) */
     static double step_s[1024];
-    int n_step_s = 0, first_step = t.step + 1;
+    int n_step_s = 0, first_step = t.step + 1, stopped = 0;
+    /* one process only: under mpirun the launcher owns SIGTERM (dist.c
+     * reports a rank stopped because another died) and ranks would have to
+     * agree on the step to stop after */
+    if (!profile && mf_dist_world() == 1) stop_signals_install();
     while (t.step < cfg.steps) {
         mf_step_stats st;
         mf_observer_step_begin(&obs, t.step + 1);
@@ -345,9 +417,28 @@ static int cmd_train(int argc, char **argv, int profile) {
             mf_observer_region(&obs, "checkpoint", "io", r0);
             if (bad) { rc = die(mf_error()); break; }
         }
+        if (!profile && !last && stop_signal) {
+            /* the step is done: keep it, and stop cleanly */
+            stopped = 1;
+            if (progress) printf("\n");
+            int bad = 0;
+            if (cfg.out_dir[0] && !(cfg.ckpt_every && t.step % cfg.ckpt_every == 0)) {
+                double r0 = mf_time_now();
+                bad = mf_trainer_save_checkpoint(&t, ckpt);
+                mf_observer_region(&obs, "checkpoint", "io", r0);
+            }
+            if (bad) rc = die(mf_error());
+            else if (cfg.out_dir[0])
+                printf("stopped by %s after step %d; checkpoint %s written (continue with --resume auto --out_dir %s)\n",
+                       stop_signal == SIGINT ? "SIGINT" : "SIGTERM", t.step, ckpt, cfg.out_dir);
+            else
+                printf("stopped by %s after step %d; no --out_dir, so no checkpoint was written\n",
+                       stop_signal == SIGINT ? "SIGINT" : "SIGTERM", t.step);
+            break;
+        }
     }
-    if (progress) printf("\n");
-    if (!rc && cfg.out_dir[0]) {
+    if (progress && !stopped) printf("\n");
+    if (!rc && !stopped && cfg.out_dir[0]) {
         char model[MF_PATH_MAX + 64];
         snprintf(model, sizeof model, "%s/model.safetensors", cfg.out_dir);
         double r0 = mf_time_now();
@@ -368,12 +459,12 @@ static int cmd_train(int argc, char **argv, int profile) {
         else if (hfc[0]) printf("wrote %s, %s and %s\n", ckpt, model, hfc);
         else printf("wrote %s and %s\n", ckpt, model);
     }
-    if (!rc && cfg.save_adapter[0]) {
+    if (!rc && !stopped && cfg.save_adapter[0]) {
         int bad = mf_lora_save_adapter(&t.model, &t.arena, cfg.save_adapter, cfg.init[0] ? cfg.init : cfg.model);
         if (bad) rc = die(mf_error());
         else printf("wrote %s/adapter_model.safetensors and %s/adapter_config.json\n", cfg.save_adapter, cfg.save_adapter);
     }
-    if (!rc && cfg.sample_tokens > 0 && t.tok) {
+    if (!rc && !stopped && cfg.sample_tokens > 0 && t.tok) {
         double r0 = mf_time_now();
         printf("--- sample ---\n");
         int bad = mf_trainer_sample(&t, cfg.prompt, cfg.sample_tokens, stdout);
@@ -730,6 +821,7 @@ static void usage(FILE *f) {
                "  plan       search the settings for the fastest that fits --budget (Pareto table, --json)\n"
                "  sample     generate text from weights\n"
                "  eval       validation loss of weights\n"
+               "  eval-chat  greedy answers to chat data (--data FILE.jsonl): exact match and unit error rate\n"
                "  tokenize   text to a token file; --encode TEXT (or stdin) to ids, --decode IDS to text\n"
                "  convert    join the per-rank shards of a ZeRO checkpoint into one file\n"
                "  merge      fold a LoRA adapter into a model file's weights (--unmerge takes it out)\n");
@@ -764,6 +856,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     if (strcmp(cmd, "sample") == 0) return mf_dist_finish(cmd_infer(argc - 2, argv + 2, 1));
     if (strcmp(cmd, "eval") == 0) return mf_dist_finish(cmd_infer(argc - 2, argv + 2, 0));
+    if (strcmp(cmd, "eval-chat") == 0) return mf_cli_eval_chat(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
     if (strcmp(cmd, "convert") == 0) return mf_cli_convert(argc - 2, argv + 2);
     if (strcmp(cmd, "merge") == 0) return mf_cli_merge(argc - 2, argv + 2);

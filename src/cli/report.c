@@ -88,7 +88,8 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
     char rc[64];
     fprintf(f, "batch %d x seq %d x accum %d = %d tokens/step, %d threads; train %llu tokens, val %d batches; recompute %s\n",
             t->B, t->T, t->cfg.grad_accum, t->B * t->T * t->cfg.grad_accum, t->nthreads,
-            (unsigned long long)(t->train_hi - t->train_lo), t->n_val_batches,
+            /* chat data: the positions of its rows (padding included) */
+            (unsigned long long)(t->chat ? (uint64_t)t->sft.positions : t->train_hi - t->train_lo), t->n_val_batches,
             recompute_desc(&t->cfg, &t->model, rc, sizeof rc));
     lora_line(f, &t->model, &t->cfg, d);
     if (t->model.cdt != MF_DTYPE_F32)
@@ -99,6 +100,13 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
     if (t->world > 1)
         fprintf(f, "data parallel: %d ranks of batch %d (global batch %d), ZeRO stage %d; memory below is per rank\n",
                 t->world, t->B, t->B * t->world, t->model.opt.zero);
+    if (t->world > 1) {
+        char s0[32], s1[32], s2[32], s3[32];
+        fprintf(f, "collectives: Open MPI's (messages of at most %s); memory the MPI library kept for its first "
+                   "all-reduce %s, reduce-scatter %s, all-gather %s (measured at start, inside the process baseline)\n",
+                sz((size_t)mf_dist_bucket() * sizeof(float), s0), sz(mf_dist_mpi_scratch(MF_DIST_ALLREDUCE), s1),
+                sz(mf_dist_mpi_scratch(MF_DIST_REDUCE_SCATTER), s2), sz(mf_dist_mpi_scratch(MF_DIST_ALLGATHER), s3));
+    }
     const char *ct = getenv("OPENBLAS_CORETYPE");
     fprintf(f, "BLAS: OpenBLAS %s kernels (OPENBLAS_CORETYPE %s); fp32 GEMM %s (MEMFIT_GEMM %s); memfit kernels %s (MEMFIT_ISA %s); OMP_WAIT_POLICY %s\n",
             openblas_get_corename(), ct ? ct : "unset", mf_sgemm_name(),
@@ -193,6 +201,17 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
                          "\"rss_baseline_bytes\":%zu,\"rss_peak_bytes\":%zu",
                 t->plan.peak_bytes, t->plan.arena_bytes, t->ledger.peak_total, t->ledger.rss_baseline, rss);
         for (int c = 0; mem && c < MF_CAT_COUNT; c++) fprintf(metrics, ",\"mem_%s\":%zu", mf_cat_name((mf_cat)c), mem[c]);
+        if (t->world > 1)
+            fprintf(metrics, ",\"mpi_scratch_allreduce_bytes\":%zu,\"mpi_scratch_reduce_scatter_bytes\":%zu,"
+                             "\"mpi_scratch_allgather_bytes\":%zu", mf_dist_mpi_scratch(MF_DIST_ALLREDUCE),
+                    mf_dist_mpi_scratch(MF_DIST_REDUCE_SCATTER), mf_dist_mpi_scratch(MF_DIST_ALLGATHER));
+        if (t->world > 1) {
+            /* cumulative: collectives run in the step (sync), in the background, and waited for */
+            double cs, cb, cw;
+            mf_dist_comm_times(&cs, &cb, &cw);
+            fprintf(metrics, ",\"comm_sync_s\":%.6g,\"comm_bg_s\":%.6g,\"comm_wait_s\":%.6g,\"comm_bytes\":%.0f", cs, cb, cw,
+                    mf_dist_comm_bytes());
+        }
         /* health of the peak RSS so far against the budget */
         if (t->cfg.budget)
             fprintf(metrics, ",\"budget_bytes\":%zu,\"budget_frac\":%.6f,\"health\":\"%s\"", t->cfg.budget,
@@ -235,6 +254,9 @@ static const mf_cat shown[] = {MF_CAT_PARAMS, MF_CAT_GRADS, MF_CAT_OPTIM, MF_CAT
                                MF_CAT_MASTER, MF_CAT_ADAPTER, MF_CAT_QUANT, MF_CAT_COMM, MF_CAT_OFFLOAD};
 static const char *shown_label[] = {"params", "grads", "optimizer", "activations", "scratch", "data",
                                     "master", "adapter", "quant", "comm", "offload"};
+/* The same labels as JSON keys: "optimizer" there is the optimizer's name,
+ * so its bytes are "optimizer_state" (one key, one meaning). */
+static const char *json_label(int k) { return shown[k] == MF_CAT_OPTIM ? "optimizer_state" : shown_label[k]; }
 #define NALWAYS 6
 #define NSHOWN 11
 
@@ -339,7 +361,7 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
     cJSON *bytes = cJSON_AddObjectToObject(o, "bytes");
     for (int i = 0; i < MF_CAT_COUNT; i++) cJSON_AddNumberToObject(bytes, mf_cat_name((mf_cat)i), (double)p->peak_cat[i]);
     cJSON_AddStringToObject(o, "optimizer", m->mode == MF_MODE_TRAIN ? mf_optim_name(m->opt.kind) : "");
-    for (int k = 0; k < NSHOWN; k++) cJSON_AddNumberToObject(o, shown_label[k], (double)p->peak_cat[shown[k]]);
+    for (int k = 0; k < NSHOWN; k++) cJSON_AddNumberToObject(o, json_label(k), (double)p->peak_cat[shown[k]]);
     cJSON *mx = cJSON_AddObjectToObject(o, "max");
     for (int i = 0; i < MF_CAT_COUNT; i++) cJSON_AddNumberToObject(mx, mf_cat_name((mf_cat)i), (double)p->max_cat[i]);
     cJSON_AddNumberToObject(o, "total", (double)p->peak_bytes);

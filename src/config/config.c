@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <yaml.h>
 
 typedef enum { T_INT, T_FLOAT, T_STR, T_SIZE, T_U64, T_BOOL } ktype;
@@ -68,6 +69,10 @@ static const key_row keys[] = {
     {"grad_clip", T_FLOAT, F(grad_clip), 0, "1.0", 0, BIG, "global gradient-norm clip (0 = off)"},
     {"seed", T_U64, F(seed), 0, "1337", 0, 0, "seed for weights, dropout-free sampling and data order"},
     {"data", T_STR, S(data), "", 0, 0, "training token file (memfit tokenize), or a corpus in the cache by name: moby-dick (the default, when empty) or sotu (scripts/fetch_data.sh --sotu)"},
+    {"chat_template", T_STR, S(chat_template), "", 0, 0, "chat data (--data FILE.jsonl): llama3, chatml, llama2 or smollm2 (empty = detected from the tokenizer.json folder's tokenizer_config.json; required with the gpt2 and bytes tokenizers)"},
+    {"train_on", T_STR, S(train_on), "completion", 0, 0, "chat data: completion (the loss covers assistant turns only) or prompt_too (every token)"},
+    {"packing", T_STR, S(packing), "on", 0, 0, "chat data: on (examples concatenated into rows of seq tokens, attention and positions restart at each example) or off (one example per row, padded; longer ones split into rows)"},
+    {"skip_bad_lines", T_BOOL, F(skip_bad_lines), 0, "0", 0, 1, "chat data: count and skip malformed lines, unknown roles, empty assistant turns and (packing on) examples longer than seq + 1 tokens instead of stopping at the first"},
     {"val_data", T_STR, S(val_data), "", 0, 0, "validation token file or corpus name (empty = the last val_fraction of data)"},
     {"val_fraction", T_FLOAT, F(val_fraction), 0, "0.1", 0, 0.9, "share of data held out for validation when val_data is empty"},
     {"val_every", T_INT, F(val_every), 0, "50", 0, 1 << 30, "validate every N steps (0 = only at the end)"},
@@ -81,7 +86,7 @@ static const key_row keys[] = {
     {"init", T_STR, S(init), "", 0, 0, "start from these weights: a Hugging Face model folder (config.json + model.safetensors or shards; Llama, Qwen2, Mistral) or a safetensors file (memfit's own, or Hugging Face GPT-2 names)"},
     {"out_dir", T_STR, S(out_dir), "", 0, 0, "folder for checkpoints and the final model (empty = none written)"},
     {"ckpt_every", T_INT, F(ckpt_every), 0, "0", 0, 1 << 30, "write a checkpoint every N steps (0 = only at the end, if out_dir)"},
-    {"resume", T_STR, S(resume), "", 0, 0, "resume from this checkpoint file"},
+    {"resume", T_STR, S(resume), "", 0, 0, "resume from this checkpoint file; auto = from --out_dir's checkpoint if there is one, else start fresh"},
     {"metrics", T_STR, S(metrics), "", 0, 0, "write one JSON object per step to this .jsonl file"},
     {"trace", T_STR, S(trace), "", 0, 0, "write a Chrome trace-event JSON file (Perfetto, chrome://tracing): phases, steps and memory by category"},
     {"report", T_STR, S(report), "", 0, 0, "write a self-contained HTML report (loss, tokens/s, memory by category, plan vs measured) into this folder"},
@@ -96,8 +101,9 @@ static const key_row keys[] = {
     {"recompute", T_STR, S(recompute), "none", 0, 0, "activation checkpointing: none (keep all), selective (rebuild LayerNorm/GELU outputs in backward), full (keep each block's input, recompute the block in backward), every:N (keep every N-th block's input, recompute segments of N), sqrt (segments of ceil(sqrt(n_layer))), auto (recompute the fewest blocks that fit --budget)"},
     {"loss_chunk", T_INT, F(loss_chunk), 0, "256", 0, 1 << 30, "rows of logits the loss computes at a time; B*T*vocab logits never exist (0 = all rows at once)"},
     {"zero", T_INT, F(zero), 0, "0", 0, 3, "data parallel under mpirun: 0 = gradients all-reduced, 1 = optimizer state sharded over the ranks, 2 = gradients sharded too, 3 = parameters sharded too (each layer's gathered for its phases)"},
-    {"world_size", T_INT, F(world_size), 0, "1", 1, 1 << 20, "ranks to plan for (memfit estimate; memfit train under mpirun takes the launcher's)"},
+    {"world_size", T_INT, F(world_size), 0, "1", 1, 1 << 20, "ranks to plan for (memfit estimate and memfit plan, per rank; memfit train under mpirun takes the launcher's)"},
     {"dist_timeout", T_FLOAT, F(dist_timeout), 0, "300", 0, 1e9, "data parallel: seconds a collective waits for another rank before the job stops with a message (0 = forever)"},
+    {"net_gbps", T_FLOAT, F(net_gbps), 0, "0", 0, 1e9, "memfit plan --world_size N: each rank's network bandwidth in Gbit/s, to predict the step time with its communication (0 = compute only)"},
     {"log_every", T_INT, F(log_every), 0, "1", 1, 1 << 30, "print a log line every N steps"},
     {"progress", T_INT, F(progress), 0, "-1", -1, 1, "progress bar: -1 when stdout is a terminal, 0 off, 1 on"},
     {"lora", T_STR, S(lora), "", 0, 0, "LoRA adapters on a frozen base: r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj (empty = full fine-tuning)"},
@@ -120,15 +126,32 @@ static const key_row *find_key(const char *k, int *idx) {
     return NULL;
 }
 
+/* One spelling rule for switches, wherever the value comes from (flag,
+ * --flag=V, --flag V, YAML): 1 if v is on, 0 if off, -1 if neither. */
+static int bool_word(const char *v) {
+    static const char *const on[] = {"1", "true", "on", "yes"}, *const off[] = {"0", "false", "off", "no"};
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(v, on[i]) == 0) return 1;
+        if (strcasecmp(v, off[i]) == 0) return 0;
+    }
+    return -1;
+}
+
 static int apply(mf_config *c, const key_row *r, const char *v) {
     char *base = (char *)c + r->off;
     char *end = NULL;
     errno = 0;
     switch (r->type) {
-    case T_INT: case T_BOOL: {
+    case T_BOOL: {
+        int x = bool_word(v);
+        if (x < 0)
+            return mf_fail("config key '%s' is a switch: expected 1, 0, true, false, on, off, yes or no, got '%s' "
+                           "(on the command line: --%s, --%s=0 or --no-%s)", r->key, v, r->key, r->key, r->key);
+        *(int *)base = x;
+        return 0;
+    }
+    case T_INT: {
         long x = strtol(v, &end, 10);
-        if (r->type == T_BOOL && (strcmp(v, "true") == 0 || strcmp(v, "on") == 0)) x = 1, end = (char *)v + strlen(v);
-        if (r->type == T_BOOL && (strcmp(v, "false") == 0 || strcmp(v, "off") == 0)) x = 0, end = (char *)v + strlen(v);
         if (!*v || *end || errno || x < r->lo || x > r->hi)
             return mf_fail("config key '%s': expected an integer in [%.0f, %.0f], got '%s'", r->key, r->lo, r->hi, v);
         *(int *)base = (int)x;
@@ -196,6 +219,11 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
             return mf_fail("config key 'tokenizer': '%s' is not gpt2, bytes or a path to a tokenizer.json", value);
     }
     if (strcmp(r->key, "decay_on") == 0 && check_enum(r->key, value, decay)) return -1;
+    static const char *const chat[] = {"", "llama3", "chatml", "llama2", "smollm2", NULL};
+    static const char *const on[] = {"completion", "prompt_too", NULL}, *const pk[] = {"on", "off", NULL};
+    if (strcmp(r->key, "chat_template") == 0 && check_enum(r->key, value, chat)) return -1;
+    if (strcmp(r->key, "train_on") == 0 && check_enum(r->key, value, on)) return -1;
+    if (strcmp(r->key, "packing") == 0 && check_enum(r->key, value, pk)) return -1;
     if (strcmp(r->key, "optimizer") == 0 && check_enum(r->key, value, opt)) return -1;
     static const char *const prec[] = {"fp32", "bf16", "fp16", NULL};
     if (strcmp(r->key, "precision") == 0 && check_enum(r->key, value, prec)) return -1;
@@ -298,10 +326,28 @@ int mf_config_parse_args(mf_config *c, int argc, char **argv, char **positional,
         memcpy(key, a + 2, klen);
         key[klen] = 0;
         const key_row *r = find_key(key, NULL);
+        const key_row *neg = r || strncmp(key, "no-", 3) != 0 ? NULL : find_key(key + 3, NULL);
+        if (neg && neg->type == T_BOOL) {
+            /* --no-flag switches off; it takes no value */
+            if (eq) return mf_fail("option --%s takes no value (use --%s=0 or --no-%s)", key, key + 3, key + 3);
+            if (mf_config_set(c, key + 3, "0")) return -1;
+            continue;
+        }
         if (!r) return mf_fail("unknown option --%s (memfit train --help lists them)", key);
         if (eq) val = eq + 1;
-        else if (r->type == T_BOOL) val = "1";
-        else {
+        else if (r->type == T_BOOL) {
+            /* --flag alone is on; --flag 0/1/true/false/on/off/yes/no takes the word */
+            val = "1";
+            if (i + 1 < argc && bool_word(argv[i + 1]) >= 0) val = argv[++i];
+            else if (i + 1 < argc) {
+                /* a number after a switch is a mistyped value, not a positional */
+                char *end;
+                const char *nx = argv[i + 1];
+                errno = 0;
+                (void)strtod(nx, &end);
+                if (*nx && !*end) val = argv[++i];  /* apply() refuses it with the accepted spellings */
+            }
+        } else {
             if (i + 1 >= argc) return mf_fail("option --%s needs a value", key);
             val = argv[++i];
         }
@@ -359,3 +405,10 @@ int mf_config_to_yaml(const mf_config *c, char *buf, size_t n) {
     }
     return 0;
 }
+
+int mf_config_is_chat(const mf_config *c) {
+    size_t n = strlen(c->data);
+    return n > 6 && strcmp(c->data + n - 6, ".jsonl") == 0;
+}
+
+int mf_config_packs(const mf_config *c) { return mf_config_is_chat(c) && strcmp(c->packing, "on") == 0; }

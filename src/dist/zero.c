@@ -9,14 +9,12 @@
  *   stage 2: 4 Psi + (4 + 8) Psi / N   (+ one layer's full gradients in backward)
  *   stage 3: (4 + 4 + 8) Psi / N       (+ the parameters of the layer that runs)
  * The state rows are planned on the shard by the model (mf_optim.zero), the
- * gradient shards too; this file adds the ring's scratch and runs the
+ * gradient shards too; this file adds the collectives' bucket scratch and runs the
  * collectives at the points the trainer calls it. */
 #include "memfit/dist.h"
 #include "memfit/kernels.h"
 
 #include <string.h>
-
-#define RING_MAX (1 << 20)  /* floats of ring scratch at most (4 MiB): messages are cut to it */
 
 int mf_zero_check(const mf_config *cfg, int world) {
     if (world <= 1) return 0;
@@ -39,13 +37,15 @@ int mf_zero_check(const mf_config *cfg, int world) {
 static int sharded(const mf_model *m) { return m->opt.zero >= 1 && m->opt.world > 1; }
 
 int64_t mf_zero_ring_numel(const mf_model *m) {
-    int64_t most = 1;
+    /* the reduce-scatter's packed bucket: one block per rank of at most the
+     * largest shard, all of them within one message (MF_DIST_BUCKET) */
+    int W = m->opt.world > 1 ? m->opt.world : 1;
+    int64_t most = 1, cap = MF_DIST_BUCKET / W > 0 ? MF_DIST_BUCKET / W : 1;
     for (int i = 0; i < m->n_tensors; i++) {
-        /* the largest shard any rank receives */
-        int64_t n = m->tensors[i].numel, s = (n + m->opt.world - 1) / m->opt.world;
+        int64_t s = (m->tensors[i].numel + W - 1) / W;
         if (s > most) most = s;
     }
-    return most < RING_MAX ? most : RING_MAX;
+    return (most < cap ? most : cap) * W;
 }
 
 int mf_zero_plan(mf_plan *plan, const mf_model *mc) {
@@ -58,11 +58,12 @@ int mf_zero_plan(mf_plan *plan, const mf_model *mc) {
     int first = m->opt.zero >= 2 ? (m->t_head >= 0 ? mf_phase_head_fwd(m) : mf_phase_head_bwd(m)) : mf_phase_optim(m);
     int last = m->opt.zero >= 2 ? mf_phase_emb_bwd(m) : mf_phase_optim(m);
     int64_t shape[1] = {mf_zero_ring_numel(m)};
-    m->comm = mf_plan_add(plan, "comm.ring", MF_CAT_COMM, MF_DTYPE_F32, 1, shape, first, last, -1);
+    m->comm = mf_plan_add(plan, "comm.bucket", MF_CAT_COMM, MF_DTYPE_F32, 1, shape, first, last, -1);
     return m->comm < 0 ? -1 : 0;
 }
 
 int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
+    if (m->opt.world > 1 && mf_dist_gather_wait()) return -1;
     if (m->opt.world <= 1 || m->opt.zero >= 2) return 0;
     float *ring = mf_arena_get(a, m->comm);
     int64_t rn = mf_zero_ring_numel(m);
@@ -78,6 +79,22 @@ int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
 int mf_zero_grads_ready(mf_model *m, mf_arena *a, int first, int n) {
     float *ring = mf_arena_get(a, m->comm);
     int64_t rn = mf_zero_ring_numel(m);
+    if (m->overlap && a->phase != mf_phase_emb_bwd(m)) {
+        /* DDP-style overlap: this block's gradients are reduced by a
+         * background thread while the next phase (the block before it)
+         * computes; their rows live through that phase (the plan), and the
+         * next collective joins the thread first */
+        float *x[MF_LAYER_TENSORS], *acc[MF_LAYER_TENSORS];
+        int64_t numel[MF_LAYER_TENSORS];
+        if (n > MF_LAYER_TENSORS) return mf_fail("%d tensors in one gradient reduction (a block has %d)", n, MF_LAYER_TENSORS);
+        for (int i = 0; i < n; i++) {
+            mf_tensor *t = &m->tensors[first + i];
+            x[i] = mf_arena_get(a, t->g);
+            acc[i] = mf_arena_get(a, t->gs);
+            numel[i] = t->numel;
+        }
+        return mf_dist_reduce_start(x, numel, acc, n, ring, rn);
+    }
     for (int i = first; i < first + n; i++) {
         mf_tensor *x = &m->tensors[i];
         float *g = mf_arena_get(a, x->g), *gs = mf_arena_get(a, x->gs);

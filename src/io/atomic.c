@@ -5,10 +5,13 @@
  * after the rename makes the new name itself durable. */
 #include "memfit/io.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void mf_atomic_release(mf_atomic_file *af) {
@@ -107,4 +110,60 @@ void mf_atomic_abort(mf_atomic_file *af) {
     if (af->fp) fclose(af->fp);
     if (af->tmp) unlink(af->tmp);
     mf_atomic_release(af);
+}
+
+/* The pid in "<name>.tmp.<pid>", or 0 if the name has another shape. */
+static long mf_atomic_tmp_pid(const char *name) {
+    const char *t = strstr(name, ".tmp.");
+    if (!t || t == name) return 0;
+    for (const char *n; (n = strstr(t + 1, ".tmp.")); t = n) {}  /* the last ".tmp." */
+    const char *d = t + 5;
+    if (!*d || strlen(d) > 9) return 0;
+    for (const char *q = d; *q; q++)
+        if (*q < '0' || *q > '9') return 0;
+    long pid = strtol(d, NULL, 10);
+    return pid > 0 ? pid : 0;
+}
+
+/* 1 if pid is a running memfit (the CLI, or a test program of the suite,
+ * which links the same writer), 0 if it is gone or some other program. */
+static int mf_atomic_pid_is_writer(long pid) {
+    if (pid == (long)getpid()) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 0;
+    /* the program file, not /proc/PID/comm: memfit re-executes itself
+     * through /proc/self/exe (OpenBLAS set-up), so its comm reads "exe" */
+    char path[64], exe[4096];
+    snprintf(path, sizeof path, "/proc/%ld/exe", pid);
+    ssize_t n = readlink(path, exe, sizeof exe - 1);
+    if (n < 0) return errno == ENOENT ? 0 : 1;  /* not ours to read, or no /proc: keep the file */
+    exe[n] = '\0';
+    const char *base = strrchr(exe, '/');
+    base = base ? base + 1 : exe;
+    return strncmp(base, "memfit", 6) == 0 || strncmp(base, "test_", 5) == 0;
+}
+
+int mf_atomic_clean_stale(const char *dir, char *names, size_t cap) {
+    if (names && cap) names[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d) return mf_fail("cannot read folder %s: %s", dir, strerror(errno));
+    int removed = 0;
+    size_t len = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        long pid = mf_atomic_tmp_pid(e->d_name);
+        if (!pid || mf_atomic_pid_is_writer(pid)) continue;
+        char *p = malloc(strlen(dir) + strlen(e->d_name) + 2);
+        if (!p) break;
+        sprintf(p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        int ok = lstat(p, &st) == 0 && S_ISREG(st.st_mode) && (unlink(p) == 0 || errno == ENOENT);
+        free(p);
+        if (!ok) continue;
+        if (names && removed < 3 && len + strlen(e->d_name) + 3 < cap)
+            len += (size_t)snprintf(names + len, cap - len, "%s%s", removed ? ", " : "", e->d_name);
+        else if (names && removed == 3 && len + 6 < cap)
+            len += (size_t)snprintf(names + len, cap - len, ", ...");
+        removed++;
+    }
+    closedir(d);
+    return removed;
 }

@@ -15,6 +15,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -22,10 +23,15 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 /* The reference implementation's limit is 100 MB; 100 MiB is a little more
  * generous and still keeps a hostile header from exhausting memory. */
 #define MF_ST_MAX_HEADER ((uint64_t)100 << 20)
+/* __metadata__ key prefix of a tensor's checksum: "xxh3_64:<name>" ->
+ * 16 lowercase hex digits of XXH3-64 over the tensor's bytes. */
+#define MF_ST_SUM_PREFIX "xxh3_64:"
+#define MF_ST_SUM_PLEN (sizeof MF_ST_SUM_PREFIX - 1)
 /* Largest integer a JSON number (parsed as a double) holds exactly. */
 #define MF_ST_MAX_INT 9007199254740992.0
 
@@ -163,6 +169,8 @@ static const char *mf_st_json_desc(const cJSON *it, char *out, size_t cap) {
     else snprintf(out, cap, "null");
     return out;
 }
+
+static int mf_st_attach_sums(mf_st_file *f, const char *file);
 
 /* Rejects what cJSON accepts but strict JSON or safetensors do not. */
 static int mf_st_lex(const char *file, const unsigned char *s, size_t n) {
@@ -419,7 +427,125 @@ static int mf_st_parse(mf_st_file *f, const char *file) {
     /* Last, so the structural messages above (which name the tensor) win
      * over the generic lexical ones for the same defect. */
     if (rc == 0) rc = mf_st_lex(file, (const unsigned char *)hdr, n);
+    if (rc == 0) rc = mf_st_attach_sums(f, file);
     return rc;
+}
+
+/* 16 lowercase hex digits -> v; -1 otherwise. */
+static int mf_st_hex64(const char *s, uint64_t *v) {
+    uint64_t x = 0;
+    int i = 0;
+    for (; i < 16; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return -1;
+        x = x << 4 | (uint64_t)d;
+    }
+    if (s[i]) return -1;
+    *v = x;
+    return 0;
+}
+
+/* The checksum entries of __metadata__ onto their tensors; an entry that is
+ * malformed or names no tensor of the file is refused (it was written by
+ * something that is not memfit, or damaged). */
+static int mf_st_attach_sums(mf_st_file *f, const char *file) {
+    char e1[128];
+    for (int i = 0; i < f->n_meta; i++) {
+        const char *k = f->meta_keys[i];
+        if (strncmp(k, MF_ST_SUM_PREFIX, MF_ST_SUM_PLEN) != 0) continue;
+        mf_st_tensor *t = (mf_st_tensor *)mf_st_find(f, k + MF_ST_SUM_PLEN);
+        if (!t) return mf_fail("%s: __metadata__ has a checksum for tensor '%s', which the file does not hold", file,
+                               mf_st_esc(e1, sizeof e1, k + MF_ST_SUM_PLEN, 80));
+        if (mf_st_hex64(f->meta_vals[i], &t->sum))
+            return mf_fail("%s: checksum of tensor '%s' is not 16 hex digits", file, mf_st_esc(e1, sizeof e1, t->name, 80));
+        t->has_sum = 1;
+    }
+    /* Callers see the metadata they wrote: the checksums now live on the
+     * tensors (a writer that copies metadata must not copy stale ones). */
+    int m = 0;
+    for (int i = 0; i < f->n_meta; i++) {
+        if (strncmp(f->meta_keys[i], MF_ST_SUM_PREFIX, MF_ST_SUM_PLEN) == 0) {
+            free(f->meta_keys[i]);
+            free(f->meta_vals[i]);
+            continue;
+        }
+        f->meta_keys[m] = f->meta_keys[i];
+        f->meta_vals[m++] = f->meta_vals[i];
+    }
+    f->n_meta = m;
+    return 0;
+}
+
+/* First non-finite element of n elements of dtype dt at p, or -1. */
+static int64_t mf_st_first_nonfinite(mf_dtype dt, const void *p, size_t n, const char **what) {
+    if (dt == MF_DTYPE_F32) {
+        const uint32_t *u = p;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t x = u[i];  /* exponent all ones: Inf or NaN; memcpy-free read of an aligned map */
+            if ((x & 0x7F800000u) == 0x7F800000u) { *what = x & 0x007FFFFFu ? "NaN" : "Inf"; return (int64_t)i; }
+        }
+    } else if (dt == MF_DTYPE_BF16 || dt == MF_DTYPE_F16) {
+        const uint16_t *u = p;
+        uint16_t e = dt == MF_DTYPE_BF16 ? 0x7F80u : 0x7C00u, m = dt == MF_DTYPE_BF16 ? 0x007Fu : 0x03FFu;
+        for (size_t i = 0; i < n; i++)
+            if ((u[i] & e) == e) { *what = u[i] & m ? "NaN" : "Inf"; return (int64_t)i; }
+    }
+    return -1;
+}
+
+int mf_st_stream(const mf_st_file *f, const mf_st_tensor *t, mf_st_sink_fn sink, void *ctx) {
+    const char *file = f->path ? f->path : "safetensors file";
+    char e1[128];
+    const size_t step = 4u << 20;  /* a multiple of every element size */
+    size_t esize = mf_dtype_size(t->dtype);
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    XXH3_state_t *st = t->has_sum ? XXH3_createState() : NULL;
+    if (t->has_sum && (!st || XXH3_64bits_reset(st) == XXH_ERROR)) {
+        XXH3_freeState(st);
+        return mf_fail("%s: out of memory checking tensor '%s'", file, mf_st_esc(e1, sizeof e1, t->name, 80));
+    }
+    for (size_t off = 0; off < t->nbytes; off += step) {
+        size_t len = t->nbytes - off < step ? t->nbytes - off : step;
+        const char *src = (const char *)t->data + off;
+        if (st) XXH3_64bits_update(st, src, len);
+        const char *what = "";
+        /* data offsets are not always element-aligned in other tools' files:
+         * read elements through an aligned copy then */
+        int64_t bad = -1;
+        if (((uintptr_t)src % esize) == 0) bad = mf_st_first_nonfinite(t->dtype, src, len / esize, &what);
+        else {
+            unsigned char tmp[4096];
+            for (size_t o = 0; o < len && bad < 0; o += sizeof tmp) {
+                size_t l = len - o < sizeof tmp ? len - o : sizeof tmp;
+                memcpy(tmp, src + o, l);
+                int64_t b = mf_st_first_nonfinite(t->dtype, tmp, l / esize, &what);
+                if (b >= 0) bad = b + (int64_t)(o / esize);
+            }
+        }
+        if (bad >= 0) {
+            XXH3_freeState(st);
+            return mf_fail("%s: tensor '%s' holds a non-finite value (%s) at element %lld; refusing to load it", file,
+                           mf_st_esc(e1, sizeof e1, t->name, 80), what, (long long)(bad + (int64_t)(off / esize)));
+        }
+        if (sink) sink(ctx, off, src, len);
+        uintptr_t lo = (uintptr_t)src & ~(page - 1), hi = ((uintptr_t)src + len + page - 1) & ~(page - 1);
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);  /* file-backed: re-read if touched again */
+    }
+    if (st) {
+        uint64_t got = XXH3_64bits_digest(st);
+        XXH3_freeState(st);
+        if (got != t->sum)
+            return mf_fail("%s: tensor '%s' is corrupt: its bytes hash to %016llx, the file records %016llx", file,
+                           mf_st_esc(e1, sizeof e1, t->name, 80), (unsigned long long)got, (unsigned long long)t->sum);
+    }
+    return 0;
+}
+
+int mf_st_verify_all(const mf_st_file *f) {
+    for (int i = 0; i < f->n; i++)
+        if (mf_st_stream(f, &f->tensors[i], NULL, NULL)) return -1;
+    return 0;
 }
 
 int mf_st_open(mf_st_file *f, const char *path) {
@@ -453,6 +579,11 @@ int mf_st_open(mf_st_file *f, const char *path) {
     if (map == MAP_FAILED) return mf_fail("%s: cannot map: %s", file, strerror(e));
     f->map = map;
     f->map_size = (size_t)st.st_size;
+    f->path = strdup(file);
+    if (!f->path) {
+        mf_st_close(f);
+        return mf_fail("%s: out of memory", file);
+    }
     if (mf_st_parse(f, file) != 0) {
         mf_st_close(f); /* keeps the message: close never calls mf_fail */
         return -1;
@@ -473,6 +604,7 @@ void mf_st_close(mf_st_file *f) {
     free(f->meta_keys);
     free(f->meta_vals);
     if (f->map) munmap(f->map, f->map_size);
+    free(f->path);
     memset(f, 0, sizeof *f);
 }
 
@@ -549,8 +681,57 @@ static int mf_st_check_unique(const char *file, const char *what, const char *co
     return rc;
 }
 
-int mf_st_write(const char *path, const mf_st_entry *entries, int n,
-                const char *const *meta_keys, const char *const *meta_vals, int n_meta) {
+/* The JSON header: __metadata__ first, then tensors in the given order, as
+ * the reference serializer does; padded with spaces to a multiple of 8. */
+static int mf_st_header(mf_st_sb *bp, const char *file, const mf_st_entry *entries, int n,
+                        const char *const *meta_keys, const char *const *meta_vals, int n_meta) {
+    mf_st_sb b = {0};
+    char num[64];
+    mf_st_puts(&b, "{");
+    if (n_meta > 0) {
+        mf_st_puts(&b, "\"__metadata__\":{");
+        for (int i = 0; i < n_meta; i++) {
+            if (i) mf_st_puts(&b, ",");
+            mf_st_put_json_str(&b, meta_keys[i]);
+            mf_st_puts(&b, ":");
+            mf_st_put_json_str(&b, meta_vals[i]);
+        }
+        mf_st_puts(&b, "}");
+    }
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const mf_st_entry *e = &entries[i];
+        if (i || n_meta > 0) mf_st_puts(&b, ",");
+        mf_st_put_json_str(&b, e->name);
+        mf_st_puts(&b, ":{\"dtype\":\"");
+        mf_st_puts(&b, mf_dtype_name(e->dtype));
+        mf_st_puts(&b, "\",\"shape\":[");
+        for (int d = 0; d < e->ndim; d++) {
+            snprintf(num, sizeof num, "%s%" PRId64, d ? "," : "", e->shape[d]);
+            mf_st_puts(&b, num);
+        }
+        snprintf(num, sizeof num, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off, off + (uint64_t)e->nbytes);
+        mf_st_puts(&b, num);
+        off += e->nbytes;
+    }
+    mf_st_puts(&b, "}");
+    /* Spaces up to a multiple of 8 so the data section is 8-byte aligned. */
+    while (!b.oom && b.len % 8 != 0) mf_st_puts(&b, " ");
+    if (b.oom) {
+        free(b.buf);
+        return mf_fail("cannot write %s: out of memory building the header", file);
+    }
+    if ((uint64_t)b.len >= MF_ST_MAX_HEADER) {
+        free(b.buf);
+        return mf_fail("cannot write %s: header would be %zu bytes, over the 100 MiB limit readers accept", file, b.len);
+    }
+
+    *bp = b;
+    return 0;
+}
+
+static int mf_st_write_sums(const char *path, const mf_st_entry *entries, int n,
+                            const char *const *meta_keys, char **meta_vals, int n_meta, int n_sum) {
     char file[320], e1[128], sh[160];
     mf_st_esc(file, sizeof file, path, 256);
     if (!path || !*path) return mf_fail("cannot write safetensors file: empty path");
@@ -597,66 +778,46 @@ int mf_st_write(const char *path, const mf_st_entry *entries, int n,
     }
     if (mf_st_check_unique(file, "metadata key", meta_keys, NULL, n_meta) != 0) return -1;
 
-    /* Header: __metadata__ first, then tensors in the given order, as the
-     * reference serializer does. */
     mf_st_sb b = {0};
-    char num[64];
-    mf_st_puts(&b, "{");
-    if (n_meta > 0) {
-        mf_st_puts(&b, "\"__metadata__\":{");
-        for (int i = 0; i < n_meta; i++) {
-            if (i) mf_st_puts(&b, ",");
-            mf_st_put_json_str(&b, meta_keys[i]);
-            mf_st_puts(&b, ":");
-            mf_st_put_json_str(&b, meta_vals[i]);
-        }
-        mf_st_puts(&b, "}");
-    }
-    uint64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        const mf_st_entry *e = &entries[i];
-        if (i || n_meta > 0) mf_st_puts(&b, ",");
-        mf_st_put_json_str(&b, e->name);
-        mf_st_puts(&b, ":{\"dtype\":\"");
-        mf_st_puts(&b, mf_dtype_name(e->dtype));
-        mf_st_puts(&b, "\",\"shape\":[");
-        for (int d = 0; d < e->ndim; d++) {
-            snprintf(num, sizeof num, "%s%" PRId64, d ? "," : "", e->shape[d]);
-            mf_st_puts(&b, num);
-        }
-        snprintf(num, sizeof num, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off, off + (uint64_t)e->nbytes);
-        mf_st_puts(&b, num);
-        off += e->nbytes;
-    }
-    mf_st_puts(&b, "}");
-    /* Spaces up to a multiple of 8 so the data section is 8-byte aligned. */
-    while (!b.oom && b.len % 8 != 0) mf_st_puts(&b, " ");
-    if (b.oom) {
-        free(b.buf);
-        return mf_fail("cannot write %s: out of memory building the header", file);
-    }
-    if ((uint64_t)b.len >= MF_ST_MAX_HEADER) {
-        free(b.buf);
-        return mf_fail("cannot write %s: header would be %zu bytes, over the 100 MiB limit readers accept", file, b.len);
-    }
-
+    if (mf_st_header(&b, file, entries, n, meta_keys, (const char *const *)meta_vals, n_meta)) return -1;
     mf_atomic_file af;
     if (mf_atomic_open(&af, path) != 0) { free(b.buf); return -1; }
     unsigned char lenbuf[8];
     for (int i = 0; i < 8; i++) lenbuf[i] = (unsigned char)((uint64_t)b.len >> (8 * i));
     int ok = fwrite(lenbuf, 1, 8, af.fp) == 8 && fwrite(b.buf, 1, b.len, af.fp) == b.len;
     int rerr = 0;
+    XXH3_state_t *hs = XXH3_createState();
+    if (!hs) ok = 0;
     for (int i = 0; ok && !rerr && i < n; i++) {
         const mf_st_entry *e = &entries[i];
-        if (e->nbytes == 0) continue;
-        if (e->data) { ok = fwrite(e->data, 1, e->nbytes, af.fp) == e->nbytes; continue; }
+        XXH3_64bits_reset(hs);
+        if (e->nbytes > 0 && e->data) {
+            XXH3_64bits_update(hs, e->data, e->nbytes);
+            ok = fwrite(e->data, 1, e->nbytes, af.fp) == e->nbytes;
+        }
         /* streamed through one small buffer: the bytes never exist at once */
         unsigned char piece[1 << 16];
-        for (size_t o = 0; ok && !rerr && o < e->nbytes; o += sizeof piece) {
+        for (size_t o = 0; !e->data && ok && !rerr && o < e->nbytes; o += sizeof piece) {
             size_t len = e->nbytes - o < sizeof piece ? e->nbytes - o : sizeof piece;
             if (e->read(e->read_ctx, o, piece, len)) rerr = 1;
-            else ok = fwrite(piece, 1, len, af.fp) == len;
+            else {
+                XXH3_64bits_update(hs, piece, len);
+                ok = fwrite(piece, 1, len, af.fp) == len;
+            }
         }
+        /* the checksum entries are the last n_sum of the metadata, one per tensor in order */
+        snprintf(meta_vals[n_meta - n_sum + i], 17, "%016llx", (unsigned long long)XXH3_64bits_digest(hs));
+    }
+    XXH3_freeState(hs);
+    if (ok && !rerr) {
+        /* the header again, now with the checksums: same length, so it
+         * overwrites the placeholder header in place */
+        mf_st_sb b2 = {0};
+        size_t len0 = b.len;
+        ok = mf_st_header(&b2, file, entries, n, meta_keys, (const char *const *)meta_vals, n_meta) == 0 &&
+             b2.len == len0 && fflush(af.fp) == 0 && fseek(af.fp, 8, SEEK_SET) == 0 &&
+             fwrite(b2.buf, 1, b2.len, af.fp) == b2.len;
+        free(b2.buf);
     }
     int err = errno;
     free(b.buf);
@@ -671,4 +832,42 @@ int mf_st_write(const char *path, const mf_st_entry *entries, int n,
         return mf_fail("cannot write %s: %s", file, strerror(err ? err : EIO));
     }
     return mf_atomic_commit(&af);
+}
+
+int mf_st_write(const char *path, const mf_st_entry *entries, int n,
+                const char *const *meta_keys, const char *const *meta_vals, int n_meta) {
+    char file[320];
+    mf_st_esc(file, sizeof file, path, 256);
+    if (n < 0 || n_meta < 0) return mf_fail("cannot write %s: negative tensor or metadata count", file);
+    if (n > 0 && !entries) return mf_fail("cannot write %s: no tensor entries given", file);
+    if (n_meta > 0 && (!meta_keys || !meta_vals)) return mf_fail("cannot write %s: no metadata arrays given", file);
+    /* the caller's metadata, less any checksums it copied from another file
+     * (they are recomputed), then one checksum per tensor, filled in as the
+     * tensor is written */
+    const char **keys = calloc((size_t)(n_meta + n) + 1, sizeof *keys);
+    char **vals = calloc((size_t)(n_meta + n) + 1, sizeof *vals);
+    char **own = calloc((size_t)n + 1, sizeof *own);
+    int m = 0, rc = 0;
+    if (!keys || !vals || !own) rc = mf_fail("cannot write %s: out of memory", file);
+    for (int i = 0; !rc && i < n_meta; i++) {
+        if (meta_keys[i] && strncmp(meta_keys[i], MF_ST_SUM_PREFIX, MF_ST_SUM_PLEN) == 0) continue;
+        keys[m] = meta_keys[i];
+        vals[m++] = (char *)meta_vals[i];
+    }
+    int n_user = m;
+    for (int i = 0; !rc && i < n; i++) {
+        const char *nm = entries[i].name ? entries[i].name : "";
+        own[i] = malloc(MF_ST_SUM_PLEN + strlen(nm) + 1 + 17);
+        if (!own[i]) { rc = mf_fail("cannot write %s: out of memory", file); break; }
+        sprintf(own[i], "%s%s", MF_ST_SUM_PREFIX, nm);
+        keys[m] = own[i];
+        vals[m] = own[i] + MF_ST_SUM_PLEN + strlen(nm) + 1;  /* 17 bytes after the key's NUL */
+        snprintf(vals[m++], 17, "%016d", 0);
+    }
+    if (!rc) rc = mf_st_write_sums(path, entries, n, keys, vals, m, m - n_user);
+    for (int i = 0; own && i < n; i++) free(own[i]);
+    free(own);
+    free(keys);
+    free(vals);
+    return rc;
 }

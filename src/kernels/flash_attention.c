@@ -139,10 +139,17 @@ static inline int win_lo(int i, int j0, int window) {
     return window > 0 ? imax(0, i - window + 1 - j0) : 0;
 }
 
+/* Documents packed into one row (pos != NULL: pos[i] is row i's position
+ * in its document, restarting at 0 at each document's first token): row i
+ * also sees only keys j >= i - pos[i], its document's first token. */
+static inline int doc_lo(int i, int j0, int window, const int32_t *pos) {
+    return imax(win_lo(i, j0, window), i - pos[i] - j0);
+}
+
 /* One (b, h, query tile) task. Stack use: the BQ x BK score tile (16 KiB)
  * and two BQ-float row vectors; the output accumulator is `out` itself. */
 static void fwd_tile(float *out, float *lse, const float *qkv, int b, int h, int qt, int T, int NH, int NKV,
-                     int hs, int window) {
+                     int hs, int window, const int32_t *pos) {
     const int QKV = (NH + 2 * NKV) * hs, C = NH * hs, kvh = h / (NH / NKV);
     const float scale = 1.0f / sqrtf((float)hs);
     const int i0 = qt * MF_FA_BQ, nq = imin(MF_FA_BQ, T - i0);
@@ -164,7 +171,11 @@ static void fwd_tile(float *out, float *lse, const float *qkv, int b, int h, int
     /* with a window, the tile holding the first row's first visible key
      * (i0 - window + 1): every earlier tile is invisible to all nq rows and
      * is skipped, so a step costs O(window) rather than O(T) */
-    const int jbeg = window > 0 ? imax(0, i0 - window + 1) / MF_FA_BK * MF_FA_BK : 0;
+    int jbeg = window > 0 ? imax(0, i0 - window + 1) / MF_FA_BK * MF_FA_BK : 0;
+    /* documents: the first row's document starts at i0 - pos[i0], and later
+     * rows' documents start no earlier; tiles before it are skipped */
+    const int32_t *P = pos ? pos + (size_t)b * T : NULL;
+    if (P) jbeg = imax(jbeg, (i0 - P[i0]) / MF_FA_BK * MF_FA_BK);
     for (int j0 = jbeg; j0 < jend; j0 += MF_FA_BK) {
         const int nk = imin(MF_FA_BK, jend - j0);
         const float *k = kbase + (size_t)j0 * QKV;
@@ -173,9 +184,9 @@ static void fwd_tile(float *out, float *lse, const float *qkv, int b, int h, int
         for (int i = 0; i < nq; i++) {
             float *s = S + (size_t)i * MF_FA_BK;
             /* visible keys of row i in this tile: lo <= j < nv */
-            const int lo = win_lo(i0 + i, j0, window);
+            const int lo = P ? doc_lo(i0 + i, j0, window, P) : win_lo(i0 + i, j0, window);
             const int nv = imin(nk, i0 + i - j0 + 1);
-            if (nv <= lo) { /* no visible key here (BK < BQ, or the window) */
+            if (nv <= lo) { /* no visible key here (BK < BQ, the window, or another document) */
                 for (int j = 0; j < nk; j++) s[j] = 0.0f;
                 continue;
             }
@@ -225,6 +236,11 @@ static void check_heads(const char *fn, int NH, int NKV, int hs) {
 
 void mf_flash_attention_gqa_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
                                     int hs, int window) {
+    mf_flash_attention_doc_forward(out, lse, qkv, B, T, NH, NKV, hs, window, NULL);
+}
+
+void mf_flash_attention_doc_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
+                                    int hs, int window, const int32_t *pos) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
     check_heads("mf_flash_attention_gqa_forward", NH, NKV, hs);
     window = norm_window(window, T);
@@ -238,7 +254,7 @@ void mf_flash_attention_gqa_forward(float *out, float *lse, const float *qkv, in
     for (int t = 0; t < ntask; t++) {
         const int qt = nqt - 1 - t / (B * NH);
         const int bh = t % (B * NH);
-        fwd_tile(out, lse, qkv, bh / NH, bh % NH, qt, T, NH, NKV, hs, window);
+        fwd_tile(out, lse, qkv, bh / NH, bh % NH, qt, T, NH, NKV, hs, window, pos);
     }
 }
 
@@ -282,6 +298,12 @@ size_t mf_flash_attention_scratch_floats(int T, int hs, int nthreads) {
 void mf_flash_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *out,
                                      const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
                                      int window) {
+    mf_flash_attention_doc_backward(dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV, hs, window, NULL);
+}
+
+void mf_flash_attention_doc_backward(float *dqkv, float *scratch, const float *dout, const float *out,
+                                     const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
+                                     int window, const int32_t *pos) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
     check_heads("mf_flash_attention_gqa_backward", NH, NKV, hs);
     window = norm_window(window, T);
@@ -296,6 +318,7 @@ void mf_flash_attention_gqa_backward(float *dqkv, float *scratch, const float *d
         const size_t koff = boff + (size_t)(NH + kvh) * hs, voff = boff + (size_t)(NH + NKV + kvh) * hs;
         const float *k = qkv + koff, *v = qkv + voff;
         float *dk = dqkv + koff, *dv = dqkv + voff;
+        const int32_t *Pd = pos ? pos + (size_t)b * T : NULL;
         float *P = scratch + (size_t)omp_get_thread_num() * per;
         float *dP = P + (size_t)tq * tk;
         float *D = dP + (size_t)tq * tk;
@@ -327,7 +350,14 @@ void mf_flash_attention_gqa_backward(float *dqkv, float *scratch, const float *d
                 /* query rows that can see a key of this tile: j0 <= i and
                  * (window) i < j0 + nk - 1 + window; query tiles wholly past
                  * the window are skipped */
-                const int iend = window > 0 ? imin(T, j0 + nk - 1 + window) : T;
+                int iend = window > 0 ? imin(T, j0 + nk - 1 + window) : T;
+                /* documents: rows past the end of the document holding the
+                 * tile's last key see none of it (documents are contiguous) */
+                if (Pd) {
+                    int e = j0 + nk;
+                    while (e < iend && Pd[e] != 0) e++;
+                    iend = e;
+                }
                 /* first query tile with a row i >= j0 */
                 for (int i0 = (j0 / tq) * tq; i0 < iend; i0 += tq) {
                     const int nq = imin(tq, T - i0);
@@ -337,7 +367,7 @@ void mf_flash_attention_gqa_backward(float *dqkv, float *scratch, const float *d
                     tile_abt(P, tk, qi, QKV, kj, QKV, nq, nk, hs, scale);
                     for (int i = 0; i < nq; i++) {
                         float *p = P + (size_t)i * tk;
-                        const int lo = win_lo(i0 + i, j0, window);
+                        const int lo = Pd ? doc_lo(i0 + i, j0, window, Pd) : win_lo(i0 + i, j0, window);
                         const int nv = imin(nk, i0 + i - j0 + 1);
                         const float li = L[i0 + i];
                         int j = 0;

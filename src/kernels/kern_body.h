@@ -21,6 +21,7 @@
 #include "vmath.h"
 
 #include <math.h>
+#include <string.h>
 
 /* Width of the column blocks that column-parallel reductions hand to one
  * thread: 64 floats = 4 cache lines, wide enough to vectorise, narrow enough
@@ -290,6 +291,12 @@ static double MF_ISA(crossentropy_forward)(float *logits, uint16_t *dl16, float 
     for (int n = 0; n < N; n++) {
         float *z = logits + (size_t)n * Vp;
         const int t = targets[n];
+        if (t == -1) { /* ignored (MF_TARGET_IGNORE): no loss, no gradient */
+            losses[n] = 0.0f;
+            if (dscale != 0.0f && dl16) memset(dl16 + (size_t)n * Vp, 0, (size_t)Vp * sizeof *dl16);
+            else if (dscale != 0.0f) memset(z, 0, (size_t)Vp * sizeof *z);
+            continue;
+        }
         if (t < 0 || t >= V) mf_panic("crossentropy: target %d outside [0, %d)", t, V);
         float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)

@@ -106,6 +106,8 @@ int mf_lora_merge_file(const char *model_path, const char *adapter_dir, const ch
     mf_st_file mf, af;
     if (mf_st_open(&mf, model_path)) return -1;
     if (mf_st_open(&af, apath)) { mf_st_close(&mf); return -1; }
+    /* checksums and finite values of both inputs before anything is written */
+    if (mf_st_verify_all(&mf) || mf_st_verify_all(&af)) { mf_st_close(&af); mf_st_close(&mf); return -1; }
     int rc = 0, used = 0;
     mf_st_entry *e = calloc((size_t)mf.n, sizeof *e);
     float **bufs = calloc((size_t)mf.n, sizeof *bufs);

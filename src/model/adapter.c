@@ -92,7 +92,8 @@ int mf_lora_load_adapter(mf_model *m, mf_arena *a, const char *dir) {
             rc = mf_fail("%s: '%s' has shape [%lld, %lld], this run expects [%lld, %lld] (r %d)", path, nm,
                          (long long)s->shape[0], (long long)(s->ndim > 1 ? s->shape[1] : 0), (long long)t->shape[0],
                          (long long)t->shape[1], m->lora.r);
-        else memcpy(mf_arena_ptr(a, t->p), s->data, s->nbytes);
+        else if (!(rc = mf_st_stream(&f, s, NULL, NULL)))  /* checksum, finite values */
+            memcpy(mf_arena_ptr(a, t->p), s->data, s->nbytes);
     }
     /* anything else in the file is an adapter this model would silently ignore */
     for (int j = 0; j < f.n && !rc; j++) {

@@ -3,7 +3,7 @@
  * follow from a shape (parameters as HF counts them, GEMM weights per block,
  * attention FLOPs). One place for each formula: the planner's time model,
  * the profile and the report read them from here. */
-#include "memfit/model.h"
+#include "internal.h"
 #include "memfit/data.h"
 
 #include <math.h>
@@ -208,4 +208,27 @@ void mf_model_lora_dims(const mf_dims *d, int k, int *in, int *out) {
     case MF_LORA_DOWN_PROJ: *in = d->ffn, *out = d->C; break;
     default: mf_lora_target_dims(k, d->C, in, out);
     }
+}
+
+/* The two families as compositions of the block library's pieces
+ * (blocks.c). GPT-2: LayerNorm, learned positions, MHA (one c_attn),
+ * GELU, Conv1D weights, its fused fp32 epilogues; the Llama family:
+ * RMSNorm, RoPE, GQA with optional q/k/v biases and sliding window (from
+ * the dims), SwiGLU, nn.Linear weights. */
+/* lora[]: in MF_LT_* order (LN1, Q, QB, K, KB, V, VB, O, LN2, GATE, UP, DOWN,
+ * LN1B, OB, LN2B, GATEB, DOWNB) */
+static const mf_block_desc gpt2_block = {
+    .norm = MF_NORM_LAYERNORM, .learned_pos = 1, .rope = 0, .mlp = MF_MLP_GELU, .w_in_out = 1, .proj_bias = 1,
+    .fused_fp32 = 1, .bf16_frozen_embed = 0,
+    .lora = {-1, MF_LORA_ATTN_C_ATTN, -1, -1, -1, -1, -1, MF_LORA_ATTN_C_PROJ, -1, MF_LORA_MLP_C_FC, -1,
+             MF_LORA_MLP_C_PROJ, -1, -1, -1, -1, -1}};
+static const mf_block_desc llama_block = {
+    .norm = MF_NORM_RMSNORM, .learned_pos = 0, .rope = 1, .mlp = MF_MLP_SWIGLU, .w_in_out = 0, .proj_bias = 0,
+    .fused_fp32 = 0, .bf16_frozen_embed = 1,
+    .lora = {-1, MF_LORA_Q_PROJ, -1, MF_LORA_K_PROJ, -1, MF_LORA_V_PROJ, -1, MF_LORA_O_PROJ, -1, MF_LORA_GATE_PROJ,
+             MF_LORA_UP_PROJ, MF_LORA_DOWN_PROJ, -1, -1, -1, -1, -1}};
+_Static_assert(MF_LT_COUNT == 17, "the lora[] tables above list every MF_LT_* slot");
+
+const mf_block_desc *mf_model_block_desc(const mf_dims *d) {
+    return d->arch == MF_ARCH_LLAMA ? &llama_block : &gpt2_block;
 }

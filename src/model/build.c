@@ -28,6 +28,13 @@ static int plan_once(const mf_config *cfg, mf_mode mode, int nthreads, const mf_
     if (mf_plan_init(plan, mf_model_n_phases(d, mode))) return -1;
     if (mf_model_plan_lora(model, plan, d, cfg->batch / world, T, mode, nthreads, cfg->loss_chunk, rc,
                            mode == MF_MODE_TRAIN ? &opt : NULL, &lora) || mf_zero_plan(plan, model)) { mf_plan_free(plan); return -1; }
+    if (mf_config_packs(cfg)) {
+        /* packed chat data: each token's position in its example (the
+         * attention's document mask and positions), beside inputs/targets */
+        int64_t shape[4] = {cfg->batch / world, T, 0, 0};
+        model->pos = mf_plan_add(plan, "data.pos", MF_CAT_DATA, MF_DTYPE_I32, 2, shape, 0, plan->n_phases - 1, -1);
+        if (model->pos < 0) { mf_plan_free(plan); return -1; }
+    }
     model->lora_seed = cfg->seed;
     mf_plan_layout(plan);
     return 0;

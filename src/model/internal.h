@@ -1,9 +1,16 @@
 /* What the model's files share and nothing outside src/model/ sees: the
- * tensor and activation accessors the family blocks (gpt2.c, llama.c) use
- * inside a step. */
+ * plan's derived facts the step needs (plan.c), the tensor and activation
+ * accessors the blocks use inside a step. */
 #ifndef MEMFIT_MODEL_INTERNAL_H
 #define MEMFIT_MODEL_INTERNAL_H
 #include "memfit/model.h"
+
+/* plan.c: whether gradients live only in the phases that build them
+ * (update_in_backward, ZeRO 2); the GEMM library's and the quantised
+ * base's scratch bytes for the largest GEMM on N rows. */
+int mf_model_grads_transient(const mf_model *m);
+size_t mf_model_gemm_scratch_need(const mf_model *m, int N);
+size_t mf_model_quant_scratch_need(const mf_model *m, int N);
 
 /* Tensor i's parameters (under ZeRO 3 the row gathered for this phase) and
  * its gradient (NULL for a frozen weight). */
@@ -13,14 +20,45 @@ float *mf_model_tensor_g(mf_model *m, mf_arena *a, int i);
  * is rebuilt right before the layer's backward. */
 float *mf_model_mlp_out(mf_model *m, mf_arena *a, const mf_layer_acts *A);
 
-/* The Llama block (llama.c): forward on B x T rows of layer l (recompute:
- * into the rows backward reads, inside the current backward phase;
- * write_out 0: leave the block's output unwritten); backward of layer l
- * (dres holds d(output) and receives d(input)); the rotary table for T
- * positions; the token embedding forward and backward. */
-void mf_llama_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute, int write_out);
-void mf_llama_block_backward(mf_model *m, mf_arena *a, int l, int B, int T);
-void mf_llama_rope_fill(mf_model *m, mf_arena *a, int T);
+/* A family as data (arch.c): the pieces its blocks compose. */
+typedef enum { MF_NORM_LAYERNORM, MF_NORM_RMSNORM } mf_norm_kind;
+typedef enum { MF_MLP_GELU, MF_MLP_SWIGLU } mf_mlp_kind;
+typedef struct {
+    mf_norm_kind norm;     /* the blocks' and the final norm */
+    int learned_pos;       /* the embedding adds learned positions (wpe) */
+    int rope;              /* attention rotates q and k (RoPE; theta and scaling in mf_dims) */
+    mf_mlp_kind mlp;       /* GELU: fc -> gelu -> proj; SwiGLU: gate, up -> silu(gate)*up -> down */
+    int w_in_out;          /* projection weights stored (in, out) (Conv1D), else (out, in) (nn.Linear) */
+    int proj_bias;         /* every projection has a bias (else only q/k/v, when mf_dims.qkv_bias) */
+    int fused_fp32;        /* fp32 without LoRA: the fused bias/residual/LayerNorm/GELU epilogues */
+    int bf16_frozen_embed; /* under a quantised base the frozen embedding and head are stored bf16 */
+    int lora[MF_LT_COUNT]; /* each projection's LoRA target (lora.h), -1 where the slot is no projection */
+} mf_block_desc;
+const mf_block_desc *mf_model_block_desc(const mf_dims *d);
+
+/* The block (blocks.c): forward on B x T rows of layer l (recompute: into
+ * the rows backward reads, inside the current backward phase; write_out 0:
+ * leave the block's output unwritten); backward of layer l (dres holds
+ * d(output) and receives d(input)); the rotary table for T positions; the
+ * token embedding forward and backward. */
+void mf_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute, int write_out);
+void mf_block_backward(mf_model *m, mf_arena *a, int l, int B, int T);
+void mf_model_rope_fill(mf_model *m, mf_arena *a, int T);
+/* The embedding block (res[0] from the inputs; rope table) and its
+ * backward (gradients from dres); the norm piece (the description's
+ * LayerNorm or RMSNorm; dt: the output's dtype) the blocks and the final
+ * norm share. */
+void mf_embed_block_forward(mf_model *m, mf_arena *a, int B, int T);
+void mf_embed_block_backward(mf_model *m, mf_arena *a, int B, int T);
+void mf_norm_forward(const mf_model *m, mf_dtype dt, void *out, float *mean, float *rstd, const float *x,
+                     const float *w, const float *b, int N);
+void mf_norm_backward(const mf_model *m, float *dx, float *dw, float *db, const float *dout, const float *x,
+                      const float *w, const float *mean, const float *rstd, int N);
 void mf_embed_forward(float *out, const int32_t *inp, const float *wte, int N, int C);
 void mf_embed_backward(float *dwte, const float *dout, const int32_t *inp, int N, int C);
+/* Packed documents: the (B,T) positions row when the plan has one (packing
+ * on), else NULL (the plain causal path, unchanged). */
+static inline const int32_t *mf_model_doc_pos(const mf_model *m, mf_arena *a) {
+    return m->pos >= 0 ? (const int32_t *)mf_arena_get(a, m->pos) : NULL;
+}
 #endif

@@ -1,5 +1,5 @@
-/* LoRA hooks the model (GPT-2 and Llama blocks) calls around its targeted matmuls, and the
- * adapters' initialisation. The rows are the model's plan rows (gpt2.c
+/* LoRA hooks the block's projection path (blocks.c) calls around its targeted matmuls, and the
+ * adapters' initialisation. The rows are the model's plan rows (plan.c
  * declares them); this file only reads them through the arena. */
 #include "memfit/lora.h"
 #include "memfit/model.h"

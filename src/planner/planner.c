@@ -171,6 +171,9 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
     out->runtime = runtime;
     int eff = eff_batch > 0 ? eff_batch : cfg->batch * cfg->grad_accum;
     out->eff_batch = eff;
+    out->world = cfg->world_size > 1 ? cfg->world_size : 1;
+    out->zero = cfg->zero;
+    out->net_gbps = cfg->net_gbps;
     snprintf(out->offload_path, sizeof out->offload_path, "%s", offload_path ? offload_path : "");
     /* the requested config must plan: a bad model or seq is the user's
      * error, not a candidate to skip */
@@ -220,6 +223,17 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
             ch.need = ch.process + MF_PLANNER_HEADROOM(p.arena_bytes);
             memcpy(ch.peak_cat, p.peak_cat, sizeof ch.peak_cat);
             mf_planner_predict(rates, &ch, &m, &p);
+            if (m.opt.world > 1) {
+                /* each rank's share of the step's collectives (ZeRO paper
+                 * section 7: 2 Psi per step for stages 0-2, 3 Psi for stage
+                 * 3, with bandwidth-optimal reduce-scatter and all-gather
+                 * each moving (W-1)/W of the buffer), in fp32 bytes;
+                 * assumed not hidden behind compute (an upper bound) */
+                int W = m.opt.world;
+                ch.comm_bytes = (m.opt.zero >= 3 ? 3.0 : 2.0) * ch.optim_params * sizeof(float) * (W - 1) / W;
+                ch.comm_s = cfg->net_gbps > 0 ? ch.comm_bytes * 8 / (cfg->net_gbps * 1e9) : 0;
+                ch.pred_s += ch.comm_s;
+            }
             ch.fits = cfg->budget == 0 || ch.need <= cfg->budget;
             /* auto that resolved to none or every block repeats those */
             int dup = strcmp(c.recompute, "auto") == 0 && (m.auto_k == 0 || m.auto_k == d.L) &&
@@ -380,25 +394,32 @@ void mf_planner_print(FILE *f, const mf_planner_result *r, int all) {
         fprintf(f, "chosen (*): %s: process %s (with headroom %s) of the %s budget, predicted %.3f s/step (%.0f tokens/s)\n",
                 mf_planner_describe(c, d, sizeof d), mf_size_format(c->process, p, sizeof p), mf_size_format(c->need, a, sizeof a),
                 r->budget ? mf_size_format(r->budget, b, sizeof b) : "unlimited", c->pred_s, tokens / c->pred_s);
+        if (r->world > 1)
+            fprintf(f, "data parallel over %d ranks, ZeRO stage %d: per rank per step %s of collectives (%s Psi, Psi = "
+                       "%.0f parameters), %.3f s at %g Gbit/s, included in s/step (not overlapped)%s\n",
+                    r->world, r->zero, mf_size_format((size_t)c->comm_bytes, p, sizeof p), r->zero >= 3 ? "3" : "2",
+                    c->optim_params, c->comm_s, r->net_gbps,
+                    r->net_gbps > 0 ? "" : " (--net_gbps B adds the time at B Gbit/s)");
     }
 }
 
 void mf_planner_print_json(FILE *f, const mf_planner_result *r) {
     fprintf(f, "{\"budget\":%zu,\"runtime\":%zu,\"effective_batch\":%d,\"seq\":%d,\"chosen\":%d,\"smallest\":%d,"
-               "\"smallest_feasible_budget\":%zu,\"settings\":[",
-            r->budget, r->runtime, r->eff_batch, r->seq, r->chosen, r->smallest, r->c[r->smallest].need);
+               "\"smallest_feasible_budget\":%zu,\"world_size\":%d,\"zero\":%d,\"net_gbps\":%g,\"settings\":[",
+            r->budget, r->runtime, r->eff_batch, r->seq, r->chosen, r->smallest, r->c[r->smallest].need, r->world, r->zero,
+            r->net_gbps);
     for (int i = 0; i < r->n; i++) {
         const mf_planner_choice *c = &r->c[i];
         fprintf(f, "%s\n{\"index\":%d,\"recompute\":\"%s\",\"auto_blocks\":%d,\"batch\":%d,\"grad_accum\":%d,"
                    "\"optimizer\":\"%s\",\"precision\":\"%s\",\"master_weights\":%d,\"update_in_backward\":%d,\"offload\":%d,\"lossy\":%d,"
                    "\"lora\":\"%s\",\"base_dtype\":\"%s\",\"trainable_params\":%.0f,"
                    "\"arena_bytes\":%zu,\"disk_bytes\":%zu,\"process_bytes\":%zu,\"need_bytes\":%zu,\"gemm_flops\":%.0f,"
-                   "\"attn_flops\":%.0f,\"elem_bytes\":%.0f,\"io_bytes\":%.0f,\"pred_step_s\":%.6f,"
+                   "\"attn_flops\":%.0f,\"elem_bytes\":%.0f,\"io_bytes\":%.0f,\"pred_step_s\":%.6f,\"comm_bytes\":%.0f,\"comm_s\":%.6f,"
                    "\"fits\":%s,\"frontier\":%s,\"chosen\":%s}",
                 i ? "," : "", i, c->recompute, c->auto_k, c->batch, c->grad_accum, c->optimizer, c->precision, c->master,
                 c->update_in_backward,
                 c->offload, c->lossy, c->lora, c->base_dtype, c->optim_params, c->arena_bytes, c->disk_bytes, c->process, c->need, c->gemm_flops, c->attn_flops,
-                c->elem_bytes, c->io_bytes, c->pred_s, c->fits ? "true" : "false", c->frontier ? "true" : "false",
+                c->elem_bytes, c->io_bytes, c->pred_s, c->comm_bytes, c->comm_s, c->fits ? "true" : "false", c->frontier ? "true" : "false",
                 c->chosen ? "true" : "false");
     }
     fprintf(f, "\n]}\n");

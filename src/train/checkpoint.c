@@ -204,24 +204,11 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *s) {
     if (len < n) snprintf(buf + len, n - len, "]");
 }
 
-/* Copies from the file's read-only map a few MiB at a time and hands each
- * copied stretch's pages back to the kernel, so loading a checkpoint after
- * the arena exists adds at most one stretch to the process's peak RSS
- * instead of the whole file. */
-static void copy_and_drop(void *dst, const void *src, size_t n) {
-    const size_t step = 4u << 20;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    for (size_t off = 0; off < n; off += step) {
-        size_t len = n - off < step ? n - off : step;
-        memcpy((char *)dst + off, (const char *)src + off, len);
-        uintptr_t lo = (uintptr_t)src + off, hi = lo + len;
-        lo &= ~(page - 1);
-        hi = (hi + page - 1) & ~(page - 1);
-        madvise((void *)lo, hi - lo, MADV_DONTNEED);  /* file-backed: re-read if touched again */
-    }
-}
-
-/* Copies tensor `name` (prefix + Hugging Face name) into buffer `id`. */
+/* Sinks for mf_st_stream: the file's map arrives a few MiB at a time, each
+ * piece verified (checksum, finite values) before it is handed here, and
+ * its pages are dropped after, so loading after the arena exists adds at
+ * most one piece to the process's peak RSS instead of the whole file.
+ * `off` is the byte offset in the file's tensor. */
 /* Drops the file pages behind [p, p+n) from the process (file-backed: re-read if touched again). */
 static void drop_pages(const void *p, size_t n) {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p & ~(page - 1);
@@ -229,9 +216,21 @@ static void drop_pages(const void *p, size_t n) {
     madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
-static int load_found(const mf_trainer *t, const mf_st_tensor *s, const char *path, const char *name,
-                      const mf_tensor *x, int id);
+static void sink_copy(void *dst, size_t off, const void *src, size_t len) { memcpy((char *)dst + off, src, len); }
+static void sink_to_bf16(void *dst, size_t off, const void *src, size_t len) {
+    mf_bf16_from_f32((mf_bf16 *)dst + off / 4, src, len / 4);
+}
+static void sink_bf16_to_f32(void *dst, size_t off, const void *src, size_t len) {
+    mf_f32_from_bf16((float *)dst + off / 2, src, len / 2);
+}
+static void sink_fp16_to_f32(void *dst, size_t off, const void *src, size_t len) {
+    mf_f32_from_fp16((float *)dst + off / 2, src, len / 2);
+}
 
+static int load_found(const mf_trainer *t, const mf_st_file *f, const mf_st_tensor *s, const char *path,
+                      const char *name, const mf_tensor *x, int id);
+
+/* Copies tensor `name` (prefix + Hugging Face name) into buffer `id`. */
 static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *path, const char *prefix,
                        const mf_tensor *x, int id) {
     char name[96];
@@ -243,14 +242,14 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
         s = mf_st_find(f, alt);
     }
     if (!s) return mf_fail("%s: tensor '%s' is missing", path, name);
-    return load_found(t, s, path, name, x, id);
+    return load_found(t, f, s, path, name, x, id);
 }
 
 /* Copies file tensor s (tensor `name` of file `path`) into buffer `id` of
  * model tensor x: F32 as it is; BF16 and F16 files widened into fp32 rows
  * (HF folders are mostly 16-bit); F32 rounded into a bf16 row. */
-static int load_found(const mf_trainer *t, const mf_st_tensor *s, const char *path, const char *name,
-                      const mf_tensor *x, int id) {
+static int load_found(const mf_trainer *t, const mf_st_file *f, const mf_st_tensor *s, const char *path,
+                      const char *name, const mf_tensor *x, int id) {
     int64_t want[2] = {x->rows_file, x->shape[1]};
     /* the row's dtype (fp32, or bf16 weights without a master copy, which
      * also take fp32 files rounded to nearest-even) */
@@ -270,27 +269,27 @@ static int load_found(const mf_trainer *t, const mf_st_tensor *s, const char *pa
         return mf_fail("%s: tensor '%s' is %s; a quantised base is packed from F32 weights", path, name,
                        mf_dtype_name(s->dtype));
     if (x->qkind && id == x->p) {
-        /* a frozen base stored quantised: packed straight from the file's
-         * map, whose pages are then handed back */
+        /* a frozen base stored quantised: verified, then packed straight
+         * from the file's map, whose pages are then handed back */
+        if (mf_st_stream(f, s, NULL, NULL)) return -1;
         mf_quant_pack((mf_quant_kind)x->qkind, mf_arena_ptr(&t->arena, id), s->data, x->numel);
-        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)s->data & ~(page - 1);
-        uintptr_t hi = ((uintptr_t)s->data + s->nbytes + page - 1) & ~(page - 1);
-        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        drop_pages(s->data, s->nbytes);
         return 0;
     }
     void *dst = mf_arena_ptr(&t->arena, id);
     size_t have = s->nbytes;
+    mf_st_sink_fn sink = sink_copy;
     if (to16) {
-        mf_bf16_from_f32(dst, s->data, s->nbytes / sizeof(float));
+        sink = sink_to_bf16;
         have = s->nbytes / 2;
     } else if (to32) {  /* bf16 weights (master_weights 0, or a bf16 HF folder) widen exactly */
-        mf_f32_from_bf16(dst, s->data, s->nbytes / 2);
+        sink = sink_bf16_to_f32;
         have = s->nbytes * 2;
     } else if (h32) {  /* fp16 files widen exactly */
-        mf_f32_from_fp16(dst, s->data, s->nbytes / 2);
+        sink = sink_fp16_to_f32;
         have = s->nbytes * 2;
-    } else copy_and_drop(dst, s->data, s->nbytes);
-    if (to16 || to32 || h32) drop_pages(s->data, s->nbytes);
+    }
+    if (mf_st_stream(f, s, sink, dst)) return -1;
     /* padding rows (wte beyond V) stay zero */
     size_t rest = (size_t)(x->numel * (int64_t)mf_dtype_size(rdt)) - have;
     if (rest) memset((char *)dst + have, 0, rest);
@@ -317,10 +316,8 @@ static int load_state_row(const mf_trainer *t, const mf_st_file *f, const char *
         return mf_fail("%s: optimizer state '%s' is %s %s, the run needs %s %s", path, b->name,
                        mf_dtype_name(s->dtype), x, mf_dtype_name(b->dtype), y);
     }
-    if (!b->disk) {
-        copy_and_drop(mf_arena_ptr(&t->arena, id), s->data, s->nbytes);
-        return 0;
-    }
+    if (!b->disk) return mf_st_stream(f, s, sink_copy, mf_arena_ptr(&t->arena, id));
+    if (mf_st_stream(f, s, NULL, NULL)) return -1;  /* verified first: the chunk map below writes as it goes */
     /* offloaded: into the file through the chunk map, dropping the
      * checkpoint's pages as they are copied */
     int ti = 0;
@@ -374,7 +371,7 @@ static int load_hf_folder(mf_trainer *t, const char *dir) {
             rc = mf_fail("%s: tensor '%s' is missing (config.json describes a model that has it)", dir, x->name);
             break;
         }
-        rc = load_found(t, s, files[k - 1], x->name, x, mf_tensor_weights_row(x));
+        rc = load_found(t, &f[k - 1], s, files[k - 1], x->name, x, mf_tensor_weights_row(x));
         if (!rc) mf_model_sync_params(&t->model, &t->arena, i, 1);
         if (!rc && x->ps >= 0)
             memcpy(mf_arena_ptr(&t->arena, x->ps), (float *)mf_arena_ptr(&t->arena, x->p) + x->lo,
@@ -536,6 +533,7 @@ int mf_checkpoint_consolidate(const char *path, const char *out_path) {
         mf_trainer_shard_path(path, r, world, p0, sizeof p0);
         if ((rc = mf_st_open(&f[r], p0))) break;
         opened++;
+        if ((rc = mf_st_verify_all(&f[r]))) break;  /* checksums and finite values of every shard */
         const char *w = mf_st_meta(&f[r], "world_size"), *k = mf_st_meta(&f[r], "rank"), *fmt = mf_st_meta(&f[r], "format");
         if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || !w || atoi(w) != world || !k || atoi(k) != r)
             rc = mf_fail("%s is not rank %d of a %d-rank memfit checkpoint", p0, r, world);

@@ -228,9 +228,65 @@ static int check_tokfile(const mf_trainer *t, const mf_tokfile *f, const char *p
 
 static int is_corpus_name(const char *s) { return !s[0] || strcmp(s, "moby-dick") == 0 || strcmp(s, "sotu") == 0; }
 
+/* The chat template: --chat_template, else the tokenizer.json folder's
+ * tokenizer_config.json; the gpt2 and bytes tokenizers have none. */
+static int chat_template(const mf_trainer *t, mf_chat_template *tpl) {
+    if (t->cfg.chat_template[0]) return mf_chat_template_by_name(t->cfg.chat_template, tpl);
+    if (!mf_tokenizer_spec_is_json(t->d.tokenizer))
+        return mf_fail("chat data %s with the %s tokenizer needs --chat_template (llama3, chatml, llama2 or smollm2)",
+                       t->cfg.data, t->d.tokenizer);
+    char cfgp[MF_PATH_MAX + 32];
+    snprintf(cfgp, sizeof cfgp, "%s", t->d.tokenizer);
+    char *slash = strrchr(cfgp, '/');
+    if (slash) snprintf(slash + 1, sizeof cfgp - (size_t)(slash + 1 - cfgp), "tokenizer_config.json");
+    else snprintf(cfgp, sizeof cfgp, "tokenizer_config.json");
+    if (mf_chat_template_from_config(cfgp, tpl)) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", mf_error());
+        return mf_fail("%s (or give --chat_template)", msg);
+    }
+    return 0;
+}
+
+/* Chat data: the whole file tokenized into the heap store before the
+ * baseline is read (so the prediction includes it); its size is printed. */
+static int open_chat(mf_trainer *t) {
+    mf_chat_template tpl;
+    if (chat_template(t, &tpl)) return -1;
+    if (!t->tok && load_tokenizer(t)) return -1;
+    if (t->cfg.val_data[0]) return mf_fail("val_data is not supported with chat data yet (leave it empty)");
+    if (t->cfg.seq_warmup > 0) return mf_fail("seq_warmup is not supported with chat data (its rows are seq long)");
+    mf_sft_opts o = {t->T, strcmp(t->cfg.train_on, "prompt_too") == 0, mf_config_packs(&t->cfg), t->cfg.skip_bad_lines};
+    if (mf_sft_load(&t->sft, t->cfg.data, t->tok, tpl, &o, t->d.V)) return -1;
+    t->chat = 1;
+    /* one example per row and no --seq: plan for the longest example the
+     * data holds (a multiple of 8), not for block_size */
+    if (!o.packing && !mf_config_was_set(&t->cfg, "seq")) {
+        int longest = mf_sft_longest(&t->sft), T = (longest + 7) / 8 * 8;
+        if (T < t->T) {
+            if (mf_sft_relayout(&t->sft, T)) return -1;
+            t->T = T;
+            t->cfg.seq = T;
+        }
+    }
+    const mf_sft_data *d = &t->sft;
+    if (t->rank == 0)
+        printf("chat data: %s (%s template, packing %s, loss on %s): %lld examples from %lld lines (%lld skipped, "
+               "%lld of them too long; %lld extra pieces of split examples), %lld rows of %d: %lld targets in the loss, "
+               "%lld padding positions (%.1f%%); store %.2f MiB (heap, in the baseline)\n", t->cfg.data,
+               mf_chat_template_name(tpl), o.packing ? "on" : "off", o.prompt_too ? "every token" : "assistant turns",
+               (long long)d->n_conv, (long long)d->lines, (long long)d->skipped, (long long)d->skipped_long,
+               (long long)d->split, (long long)d->n_rows, t->T,
+               (long long)d->targets, (long long)d->pad, 100.0 * (double)d->pad / (double)d->positions,
+               (double)d->bytes / (1 << 20));
+    t->n_val_batches = 0;
+    return 0;
+}
+
 static int open_data(mf_trainer *t) {
     char path[MF_PATH_MAX + 64], vpath[MF_PATH_MAX + 64];
     const char *data = t->cfg.data;
+    if (mf_config_is_chat(&t->cfg)) return open_chat(t);
     /* the default corpus (moby-dick) or a named one, tokenized once into the cache;
      * a file of that name in the working folder wins */
     if (is_corpus_name(data) && !(data[0] && file_exists(data))) {
@@ -281,8 +337,25 @@ static void load_window(mf_trainer *t, const mf_tokfile *f, uint64_t start, size
     }
 }
 
+/* chat data: rows [data_pos, + rows x world) of the store (modulo its
+ * rows), this rank's slice; returns the targets that count */
+static int load_chat_rows(mf_trainer *t, int rows, int T) {
+    int32_t *in = mf_arena_get(&t->arena, t->model.inputs), *tg = mf_arena_get(&t->arena, t->model.targets);
+    int32_t *pos = t->model.pos >= 0 ? mf_arena_get(&t->arena, t->model.pos) : NULL;
+    int counted = 0;
+    if (T != t->sft.o.T) mf_panic("chat rows are %d positions, not %d", t->sft.o.T, T);
+    for (int r = 0; r < rows; r++) {
+        size_t o = (size_t)r * T;
+        counted += mf_sft_fill_row(&t->sft, (int64_t)(t->data_pos + (uint64_t)rows * t->rank + r), in + o, tg + o,
+                                   pos ? pos + o : NULL);
+    }
+    t->data_pos += (uint64_t)rows * t->world;
+    return counted;
+}
+
 /* the global window is world x rows sequences of T; this rank reads its slice */
 static void load_rows(mf_trainer *t, int rows, int T) {
+    if (t->chat) { load_chat_rows(t, rows, T); return; }
     uint64_t n = (uint64_t)rows * T, gn = n * t->world;
     if (t->train_lo + t->data_pos + gn + 1 > t->train_hi) t->data_pos = 0;
     load_window(t, &t->train_file, t->train_lo + t->data_pos + n * t->rank, (size_t)n);
@@ -376,6 +449,7 @@ void mf_trainer_free(mf_trainer *t) {
     mf_arena_free(&t->arena);
     mf_model_free(&t->model);
     mf_plan_free(&t->plan);
+    mf_sft_free(&t->sft);
     mf_tokfile_close(&t->train_file);
     if (t->own_val_file) mf_tokfile_close(&t->val_file);
     if (t->tok) mf_tokenizer_free(t->tok);
@@ -486,6 +560,14 @@ int mf_trainer_accumulate(mf_trainer *t, int rows, int T, float lscale, double *
                        "updates after one", rows, T, micro, t->B, t->T);
     /* every token's loss counts 1 / (all tokens of the step), in every micro-batch */
     float dscale = 1.0f / ((float)rows * (float)t->world * (float)T) * lscale;
+    /* chat data: 1 / (the targets that count in the whole step, every rank's
+     * rows), so any split into micro-batches gives the unsplit batch's mean */
+    int64_t counted = 0;
+    if (t->chat) {
+        for (int64_t r = 0; r < (int64_t)rows * t->world; r++)
+            counted += mf_sft_row_targets(&t->sft, (int64_t)t->data_pos + r);
+        dscale = 1.0f / (float)(counted > 0 ? counted : 1) * lscale;
+    }
     int accum = t->cfg.grad_accum, keyed = micro != accum;
     double loss_sum = 0;
     for (int k = 0; k < micro; k++) {
@@ -495,12 +577,20 @@ int mf_trainer_accumulate(mf_trainer *t, int rows, int T, float lscale, double *
         /* LoRA dropout's mask; a step split otherwise than in grad_accum
          * parts keys it by (step, micro-batch) */
         m->lora_micro = keyed ? (uint64_t)t->step << 20 | (uint64_t)k : (uint64_t)t->step * (uint64_t)accum + (uint64_t)k;
+        if (t->chat) {
+            int ck = load_chat_rows(t, rk, T);
+            loss_sum += mf_model_forward(m, a, rk, T, 1, dscale) * ck;
+            mf_model_backward(m, a, rk, T);
+            continue;
+        }
         load_rows(t, rk, T);
         double lk = mf_model_forward(m, a, rk, T, 1, dscale);
         loss_sum += rows % micro ? lk * rk : lk;
         mf_model_backward(m, a, rk, T);
     }
-    *loss = rows % micro ? loss_sum / rows : loss_sum / micro;
+    /* chat data: this rank's share of the step's mean (the ranks' shares sum to it) */
+    if (t->chat) *loss = counted ? loss_sum / (double)counted * t->world : 0.0;
+    else *loss = rows % micro ? loss_sum / rows : loss_sum / micro;
     return micro;
 }
 
@@ -670,6 +760,10 @@ int mf_trainer_sample(mf_trainer *t, const char *prompt, int n, FILE *out) {
         mf_arena_step(&t->arena);
         int32_t *in = mf_arena_get(&t->arena, t->model.inputs);
         memcpy(in, t->sample_ctx, (size_t)len * sizeof *in);
+        if (t->model.pos >= 0) {  /* a packing plan: one document, positions 0.. */
+            int32_t *pos = mf_arena_get(&t->arena, t->model.pos);
+            for (int i = 0; i < len; i++) pos[i] = i;
+        }
         mf_model_forward(&t->model, &t->arena, 1, len, 0, 0.0f);
         int id = sample_next(t, mf_model_logits(&t->model, &t->arena, len, 0, len - 1));
         const char *bytes;

@@ -164,7 +164,8 @@ class Attention(nn.Module):
         self.c_attn = Conv1D(C, 3 * C)
         self.c_proj = Conv1D(C, C)
 
-    def forward(self, x):
+    def forward(self, x, allowed=None):
+        """allowed: (B,1,T,T) bool mask to use instead of the causal one."""
         B, T, C = x.shape
         H, hs = self.H, C // self.H
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -173,7 +174,7 @@ class Attention(nn.Module):
         k = k.view(B, T, H, hs).transpose(1, 2)
         v = v.view(B, T, H, hs).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril() if allowed is None else allowed
         att = att.masked_fill(~mask, float("-inf"))
         att = F.softmax(att, dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
@@ -198,8 +199,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(C, eps=LN_EPS)
         self.mlp = MLP(C)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, allowed=None):
+        x = x + self.attn(self.ln_1(x), allowed)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -216,15 +217,26 @@ class GPT2(nn.Module):
         self.h = nn.ModuleList([Block(n_embd, n_head) for _ in range(n_layer)])
         self.ln_f = nn.LayerNorm(n_embd, eps=LN_EPS)
 
-    def forward(self, idx, targets=None):
-        """idx, targets: integer (B,T). Returns (logits (B,T,V), loss or None)."""
+    def forward(self, idx, targets=None, docpos=None):
+        """idx, targets: integer (B,T); targets of -100 are ignored
+        (cross_entropy's ignore_index). docpos (B,T): packed documents'
+        positions, restarting at 0 per document: the learned positions
+        by docpos and a block-diagonal causal mask. Returns (logits
+        (B,T,V), loss or None)."""
         B, T = idx.shape
         if T > self.max_seq:
             raise ValueError("sequence length %d > max_seq %d" % (T, self.max_seq))
-        pos = torch.arange(T, device=idx.device)
+        allowed = None
+        if docpos is None:
+            pos = torch.arange(T, device=idx.device)
+        else:
+            pos = docpos.long()
+            i = torch.arange(T)[None, :, None]
+            j = torch.arange(T)[None, None, :]
+            allowed = ((j <= i) & (j >= i - pos[:, :, None]))[:, None]
         x = self.wte(idx.long()) + self.wpe(pos)
         for block in self.h:
-            x = block(x)
+            x = block(x, allowed)
         x = self.ln_f(x)
         logits = x @ self.wte.weight.t()  # tied head
         loss = None
@@ -382,6 +394,44 @@ def cmd_make_case(a):
     print("wrote %s: loss %.6f -> %.6f after %d steps" % (a.out, loss, final_loss.item(), a.steps))
 
 
+def cmd_make_sft_case(a):
+    """A packed chat batch: documents of random lengths in each row
+    (positions restart per document), the first ~40% of each document's
+    targets and its last target -100. Writes weights.safetensors,
+    batch.safetensors (inputs, targets with -1 for ignored, pos) and
+    ref.safetensors (loss, grad.<name>) from cross_entropy(ignore_index=-100)."""
+    set_deterministic(1)
+    torch.manual_seed(a.seed)
+    model = GPT2(a.layers, a.embd, a.heads, a.vocab, a.seq)
+    model.init_weights(reference=True)
+    B, T = a.batch, a.seq
+    g = torch.Generator().manual_seed(a.seed + 7)
+    inputs = torch.randint(0, a.vocab, (B, T), generator=g, dtype=torch.int32)
+    targets = torch.randint(0, a.vocab, (B, T), generator=g, dtype=torch.int32)
+    pos = torch.zeros(B, T, dtype=torch.int32)
+    for b in range(B):
+        t = 0
+        while t < T:
+            n = min(int(torch.randint(3, T // 2, (1,), generator=g)), T - t)
+            pos[b, t:t + n] = torch.arange(n, dtype=torch.int32)
+            targets[b, t:t + max(1, (4 * n) // 10)] = -100
+            targets[b, t + n - 1] = -100
+            t += n
+    os.makedirs(a.out, exist_ok=True)
+    save_safetensors(os.path.join(a.out, "weights.safetensors"), model.state_dict())
+    tg = targets.clone()
+    tg[tg == -100] = -1
+    save_safetensors(os.path.join(a.out, "batch.safetensors"), {"inputs": inputs, "targets": tg, "pos": pos})
+    model.zero_grad(set_to_none=True)
+    _, loss = model(inputs, targets, pos)
+    loss.backward()
+    ref = {"grad." + n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    ref["loss"] = torch.tensor([loss.item()], dtype=torch.float32)
+    save_safetensors(os.path.join(a.out, "ref.safetensors"), ref,
+                     {"loss": repr(loss.item()), "counted": str(int((targets != -100).sum()))})
+    print("wrote %s: loss %.6f over %d of %d targets" % (a.out, loss.item(), int((targets != -100).sum()), B * T))
+
+
 def cmd_forward(a):
     set_deterministic(1)
     sd, _ = load_safetensors(a.weights)
@@ -446,6 +496,17 @@ def main(argv=None):
     m.add_argument("--wd", type=float, default=0.1)
     m.add_argument("--clip", type=float, default=1.0)
     m.set_defaults(func=cmd_make_case)
+
+    sc = sub.add_parser("make-sft-case", help="write a masked-loss / packed-documents reference case")
+    sc.add_argument("--out", required=True)
+    sc.add_argument("--layers", type=int, default=2)
+    sc.add_argument("--embd", type=int, default=32)
+    sc.add_argument("--heads", type=int, default=4)
+    sc.add_argument("--vocab", type=int, default=256)
+    sc.add_argument("--seq", type=int, default=32)
+    sc.add_argument("--batch", type=int, default=2)
+    sc.add_argument("--seed", type=int, default=1)
+    sc.set_defaults(func=cmd_make_sft_case)
 
     f = sub.add_parser("forward", help="forward+backward on given weights and batch")
     f.add_argument("--weights", required=True)

@@ -364,16 +364,27 @@ def attention_mask(T, window):
     return ok
 
 
-def attention_core(q, k, v, window):
+def doc_mask(pos):
+    """Packed documents: (B,1,T,T) bool, True where query i may see key j:
+    j <= i and key j in i's document (j >= i - pos[i], pos restarting at 0
+    at each document's first token) - the block-diagonal causal mask."""
+    T = pos.shape[1]
+    i = torch.arange(T)[None, :, None]
+    j = torch.arange(T)[None, None, :]
+    return ((j <= i) & (j >= i - pos.long()[:, :, None]))[:, None]
+
+
+def attention_core(q, k, v, window, allowed=None):
     """q (B,nh,T,hd), k/v (B,nkv,T,hd) -> (B,nh,T,hd). GQA by repeating kv
-    heads as HF's repeat_kv (kv head g serves query heads g*rep..g*rep+rep-1)."""
+    heads as HF's repeat_kv (kv head g serves query heads g*rep..g*rep+rep-1).
+    allowed: a (B,1,T,T) mask to use instead of the causal/window one."""
     B, nh, T, hd = q.shape
     rep = nh // k.shape[1]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-    att = att.masked_fill(~attention_mask(T, window), float("-inf"))
+    att = att.masked_fill(~(attention_mask(T, window) if allowed is None else allowed), float("-inf"))
     att = F.softmax(att, dim=-1)
     return att @ v
 
@@ -398,7 +409,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(H, nkv * hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(nh * hd, H, bias=False)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, allowed=None):
         B, T, _ = x.shape
         c = self.cfg
         q = self.q_proj(x).view(B, T, c.heads, c.head_dim).transpose(1, 2)
@@ -406,7 +417,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, c.kv_heads, c.head_dim).transpose(1, 2)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
-        y = attention_core(q, k, v, c.window)
+        y = attention_core(q, k, v, c.window, allowed)
         y = y.transpose(1, 2).contiguous().view(B, T, c.heads * c.head_dim)
         return self.o_proj(y)
 
@@ -430,8 +441,8 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden, cfg.eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.eps)
 
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x, cos, sin, allowed=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, allowed)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x
 
@@ -457,13 +468,21 @@ class Llama(nn.Module):
     def head_weight(self):
         return self.model.embed_tokens.weight if self.cfg.tied else self.lm_head.weight
 
-    def forward(self, idx, targets=None):
-        """idx, targets: integer (B,T). Returns (logits (B,T,V), loss or None)."""
+    def forward(self, idx, targets=None, pos=None):
+        """idx, targets: integer (B,T); targets of -100 are ignored
+        (cross_entropy's ignore_index: the loss is the mean over the rest).
+        pos (B,T): packed documents' positions (restarting at 0 per
+        document): rotary angles by pos and the block-diagonal causal mask.
+        Returns (logits (B,T,V), loss or None)."""
         B, T = idx.shape
         cos, sin = rope_cos_sin(self.cfg, T)
+        allowed = None
+        if pos is not None:
+            cos, sin = cos[pos.long()][:, None], sin[pos.long()][:, None]  # (B,1,T,hd)
+            allowed = doc_mask(pos)
         x = self.model.embed_tokens(idx.long())
         for layer in self.model.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, allowed)
         x = self.model.norm(x)
         logits = x @ self.head_weight().t()
         loss = None
@@ -877,6 +896,49 @@ def cmd_make_case(a):
     print("wrote %s: %s loss %.6f -> %.6f after %d steps" % (a.out, cfg.arch, loss, final_loss, a.steps))
 
 
+def cmd_make_sft_case(a):
+    """A chat batch: each row packs documents (--packed 1; positions restart
+    per document) or is one sequence (--packed 0); in each document the
+    first ~40% of targets (the "prompt") and its last target (the next
+    document's first token) are -100. Writes hf/, batch.safetensors
+    (inputs, targets with -1 for ignored, pos) and ref.safetensors (loss,
+    grad.<name>) from cross_entropy(ignore_index=-100)."""
+    set_deterministic(1)
+    cfg = cfg_from_args(a)
+    torch.manual_seed(a.seed)
+    model = Llama(cfg)
+    model.init_weights(a.norm_jitter)
+    B, T = a.batch, a.seq
+    g = torch.Generator().manual_seed(a.seed + 7)
+    inputs = torch.randint(0, cfg.vocab, (B, T), generator=g, dtype=torch.int32)
+    targets = torch.randint(0, cfg.vocab, (B, T), generator=g, dtype=torch.int32)
+    pos = torch.zeros(B, T, dtype=torch.int32)
+    for b in range(B):
+        t = 0
+        while t < T:
+            n = int(torch.randint(3, T // 2, (1,), generator=g)) if a.packed else T
+            n = min(n, T - t)
+            pos[b, t:t + n] = torch.arange(n, dtype=torch.int32)
+            prompt = max(1, (4 * n) // 10)
+            targets[b, t:t + prompt] = -100
+            if a.packed:
+                targets[b, t + n - 1] = -100
+            t += n
+    os.makedirs(a.out, exist_ok=True)
+    save_hf(model, os.path.join(a.out, "hf"), "F32", 1)
+    tg = targets.clone()
+    tg[tg == -100] = -1
+    save_safetensors(os.path.join(a.out, "batch.safetensors"), {"inputs": inputs, "targets": tg, "pos": pos})
+    model.zero_grad(set_to_none=True)
+    _, loss = model(inputs, targets, pos if a.packed else None)
+    loss.backward()
+    ref = {"grad." + n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    ref["loss"] = torch.tensor([loss.item()], dtype=torch.float32)
+    save_safetensors(os.path.join(a.out, "ref.safetensors"), ref,
+                     {"loss": repr(loss.item()), "counted": str(int((targets != -100).sum()))})
+    print("wrote %s: loss %.6f over %d of %d targets" % (a.out, loss.item(), int((targets != -100).sum()), B * T))
+
+
 def cmd_make_lora_case(a):
     set_deterministic(1)
     cfg = cfg_from_args(a)
@@ -1147,6 +1209,14 @@ def main(argv=None):
     m.add_argument("--wd", type=float, default=0.1)
     m.add_argument("--clip", type=float, default=1.0)
     m.set_defaults(func=cmd_make_case)
+
+    sc = sub.add_parser("make-sft-case", help="write a masked-loss / packed-documents reference case")
+    sc.add_argument("--out", required=True)
+    add_model_args(sc)
+    sc.add_argument("--seq", type=int, default=32)
+    sc.add_argument("--batch", type=int, default=2)
+    sc.add_argument("--packed", type=int, choices=(0, 1), default=1)
+    sc.set_defaults(func=cmd_make_sft_case)
 
     lc = sub.add_parser("make-lora-case", help="write a LoRA reference case directory")
     lc.add_argument("--out", required=True)

@@ -1,10 +1,15 @@
-/* GPT-2: presets, the plan rows, initialisation, forward and backward.
+/* The model's plan: every tensor (with its role, its gradient, its
+ * optimizer state, its ZeRO shard and 16-bit copies), every activation row
+ * with its slot and lifetime under the recompute policy, and the work rows
+ * of a step, declared to the planner (mf_plan_add) from the dims alone.
+ * The estimate, the arena layout, the ledger and the report all read these
+ * rows; the step code (blocks.c, driver.c) only looks them up.
  *
  * Phases of a micro-step (lifetimes in the plan are ranges of these):
  *   0            embedding forward
  *   1 .. L       layer l forward at 1+l
- *   L+1          head forward (ln_f; logits, loss and the classifier's
- *                backward, a chunk of rows at a time)
+ *   L+1          head forward (final norm; logits, loss and the
+ *                classifier's backward, a chunk of rows at a time)
  *   L+2          head backward
  *   L+3 .. 2L+2  layer l backward at 2L+2-l (top layer first)
  *   2L+3         embedding backward
@@ -18,7 +23,6 @@
 #include "memfit/quant.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,7 +87,7 @@ static int add(adder *ad, const char *name, mf_cat cat, mf_dtype dt, int ndim,
 /* Gradients that live only in the phases that build them: consumed by the
  * update as they complete (update_in_backward), or reduce-scattered into
  * this rank's shard (ZeRO 2). */
-static int grads_transient(const mf_model *m) {
+int mf_model_grads_transient(const mf_model *m) {
     return m->opt.in_backward || (m->opt.zero >= 2 && m->opt.world > 1);
 }
 
@@ -110,7 +114,8 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     /* a Llama's frozen embedding and head under a quantised base: bf16
      * (a gather reads rows, so no block format; the issue's "bf16
      * embeddings" for QLoRA). GPT-2 keeps them fp32. */
-    if (t->frozen && m->d.arch == MF_ARCH_LLAMA && m->lora.base && (role == MF_ROLE_EMB || role == MF_ROLE_HEAD))
+    if (t->frozen && mf_model_block_desc(&m->d)->bf16_frozen_embed && m->lora.base &&
+        (role == MF_ROLE_EMB || role == MF_ROLE_HEAD))
         t->qkind = MF_QUANT_BF16;
     mf_cat pcat = t->lora ? MF_CAT_ADAPTER : MF_CAT_PARAMS, gcat = t->lora ? MF_CAT_ADAPTER : MF_CAT_GRADS;
     int shard = m->opt.zero >= 1 && m->opt.world > 1;
@@ -163,12 +168,15 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
          * that starts it to the phase that completes it (then the update
          * consumes it): one layer's worth plus the tied embedding's */
         int g0 = 0, g1 = last;
-        if (grads_transient(m)) {
+        if (mf_model_grads_transient(m)) {
             if (layer >= 0) g0 = g1 = mf_phase_layer_bwd(m, layer);
             else if (role == MF_ROLE_EMB) g0 = m->d.tied ? mf_phase_head_fwd(m) : mf_phase_emb_bwd(m), g1 = mf_phase_emb_bwd(m);
             else if (role == MF_ROLE_POS) g0 = g1 = mf_phase_emb_bwd(m);
             else if (role == MF_ROLE_HEAD) g0 = g1 = mf_phase_head_fwd(m);  /* the untied head: with the loss */
             else g0 = g1 = mf_phase_head_bwd(m);  /* ln_f */
+            /* ZeRO 2's overlap reads it in the next phase (the embedding's
+             * is reduced at once: the optimizer or the next micro-batch follows) */
+            if (m->overlap && role != MF_ROLE_EMB && role != MF_ROLE_POS) g1++;
         }
         snprintf(nm, sizeof nm, "grad.%s", name);
         t->g = add(ad, nm, gcat, MF_DTYPE_F32, ndim, d0, d1, 0, 0, g0, g1, layer);
@@ -217,24 +225,25 @@ static void slot_life(const mf_model *m, int s, int in, int fwd[2], int bwd[2]) 
 typedef int (*gemm_shape_fn)(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias);
 static int gemm_shapes(const mf_dims *d, int N, int R, int train, gemm_shape_fn fn, void *ctx) {
     int C = d->C, Vp = d->Vp;
-    if (d->arch == MF_ARCH_LLAMA) {
-        /* nn.Linear (out, in): y = x W^T, dx (+)= dy W, dW += dy^T x; k, v
-         * and up add into the input gradient q, gate started */
-        int AO = d->NH * d->hd, KV = d->NKV * d->hd;
-        const int io[7][3] = {{C, AO, 0}, {C, KV, 1}, {C, KV, 1}, {AO, C, 0}, {C, d->ffn, 0}, {C, d->ffn, 1}, {d->ffn, C, 0}};
-        for (int k = 0; k < 7; k++) {
-            int ci = io[k][0], oc = io[k][1];
-            if (fn(ctx, N, oc, ci, 0, 1, k == 3 || k == 6, d->qkv_bias && k < 3)) return -1;
-            if (train && (fn(ctx, oc, ci, N, 1, 0, 1, 0) || fn(ctx, N, ci, oc, 0, 0, io[k][2], 0))) return -1;
-        }
-    } else {
-    /* (in, out) of the four block matmuls; accumulate for the residual ones */
-    const int io[4][3] = {{C, 3 * C, 0}, {C, C, 1}, {C, 4 * C, 0}, {4 * C, C, 1}};
-    for (int k = 0; k < 4; k++) {
-        int ci = io[k][0], oc = io[k][1];
-        if (fn(ctx, N, oc, ci, 0, 0, io[k][2], 1)) return -1;
-        if (train && (fn(ctx, ci, oc, N, 1, 0, 1, 0) || fn(ctx, N, ci, oc, 0, 1, 0, 0))) return -1;
-    }
+    const mf_block_desc *bd = mf_model_block_desc(d);
+    /* the block's projections in the order it runs them (blocks.c): a
+     * Conv1D (in, out) weight: y = x W, dW += x^T dy, dx = dy W^T; an
+     * nn.Linear (out, in) one: y = x W^T, dW += dy^T x, dx (+)= dy W (k, v
+     * and up add into the input gradient q and gate started). o and down
+     * accumulate onto the residual. */
+    static const int proj[7] = {MF_LT_Q, MF_LT_K, MF_LT_V, MF_LT_O, MF_LT_GATE, MF_LT_UP, MF_LT_DOWN};
+    int io = bd->w_in_out;
+    for (int k = 0; k < 7; k++) {
+        int lt = proj[k], in, out;
+        if (bd->lora[lt] < 0) continue;  /* not one of this family's projections */
+        mf_model_lora_dims(d, bd->lora[lt], &in, &out);
+        int qkv = lt == MF_LT_Q || lt == MF_LT_K || lt == MF_LT_V;
+        int acc = lt == MF_LT_O || lt == MF_LT_DOWN, bias = bd->proj_bias || (d->qkv_bias && qkv);
+        int dx_acc = !io && (lt == MF_LT_K || lt == MF_LT_V || lt == MF_LT_UP);
+        if (fn(ctx, N, out, in, 0, !io, acc, bias)) return -1;
+        if (train && ((io ? fn(ctx, in, out, N, 1, 0, 1, 0) : fn(ctx, out, in, N, 1, 0, 1, 0)) ||
+                      fn(ctx, N, in, out, 0, io, dx_acc, 0)))
+            return -1;
     }
     int rows[3] = {R, 1, N < R ? N : R};
     for (int k = 0; k < 3; k++)
@@ -269,7 +278,7 @@ static int scratch_max(void *ctx, int M, int N, int K, int tA, int tB, int acc, 
 /* Scratch bytes of the largest GEMM the model makes (fp32: through
  * mf_sgemm's matmul backend, 0 for the others); SIZE_MAX with mf_error set
  * if the library cannot run one. */
-static size_t gemm_scratch_need(const mf_model *m, int N) {
+size_t mf_model_gemm_scratch_need(const mf_model *m, int N) {
     scratch_ctx c = {m->cdt, 0};
     gemm_shapes(&m->d, N, m->chunk_rows, m->mode == MF_MODE_TRAIN, scratch_max, &c);
     return c.mx;
@@ -293,26 +302,64 @@ int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss
     return gemm_shapes(d, (int)N, (int)R, train, warm_one, &dt);
 }
 
-/* Scratch bytes of the largest quantised-base GEMM on N rows: GPT-2's four
- * Conv1D matmuls; a Llama's seven projections and its bf16 head (a chunk
- * of rows at a time). */
-static size_t quant_scratch_need(const mf_model *m, int N) {
+/* Scratch bytes of the largest quantised-base GEMM on N rows: the block's
+ * projections in the description's layout, and a frozen bf16 head (a
+ * chunk of rows at a time) where the description stores one. */
+size_t mf_model_quant_scratch_need(const mf_model *m, int N) {
     const mf_dims *d = &m->d;
+    const mf_block_desc *bd = mf_model_block_desc(d);
     size_t mx = 0, b;
-    if (d->arch == MF_ARCH_LLAMA) {
-        for (int k = MF_LORA_Q_PROJ; k <= MF_LORA_DOWN_PROJ; k++) {
-            int in, out;
-            mf_model_lora_dims(d, k, &in, &out);
-            if ((b = mf_quant_linear_scratch_bytes(m->lora.base, N, in, out)) > mx) mx = b;
-        }
+    for (int lt = 0; lt < MF_LT_COUNT; lt++) {
+        int in, out;
+        if (bd->lora[lt] < 0) continue;
+        mf_model_lora_dims(d, bd->lora[lt], &in, &out);
+        b = bd->w_in_out ? mf_quant_matmul_scratch_bytes(m->lora.base, N, in, out)
+                         : mf_quant_linear_scratch_bytes(m->lora.base, N, in, out);
+        if (b > mx) mx = b;
+    }
+    if (bd->bf16_frozen_embed) {
         int R = N < m->chunk_rows ? N : m->chunk_rows;
         if ((b = mf_quant_linear_scratch_bytes(MF_QUANT_BF16, R, d->C, d->Vp)) > mx) mx = b;
-        return mx;
     }
-    static const int kin[4] = {1, 1, 1, 4}, kout[4] = {3, 1, 4, 1};
-    for (int k = 0; k < 4; k++)
-        if ((b = mf_quant_matmul_scratch_bytes(m->lora.base, N, kin[k] * d->C, kout[k] * d->C)) > mx) mx = b;
     return mx;
+}
+
+/* GPT-2's tensors under its HF names, Conv1D (in, out) layout: wte, wpe,
+ * per block (mf_model.lt order) ln_1, c_attn (q|k|v in one matrix),
+ * attn.c_proj, ln_2, c_fc, mlp.c_proj, each with its bias; ln_f. */
+static void declare_gpt2_tensors(mf_model *m, adder *ad) {
+    const mf_dims *d = &m->d;
+    int64_t C = d->C;
+    add_tensor_role(m, ad, "wte.weight", MF_ROLE_EMB, -1, 2, d->Vp, C, d->V, 1);
+    m->t_pos = m->n_tensors;
+    add_tensor_role(m, ad, "wpe.weight", MF_ROLE_POS, -1, 2, d->maxT, C, d->maxT, 1);
+    m->t_layer0 = m->n_tensors, m->nlt = MF_LAYER_TENSORS;
+    /* the block's tensors in file order, by what they do (blocks.c) */
+    static const int order[MF_LAYER_TENSORS] = {MF_LT_LN1, MF_LT_LN1B, MF_LT_Q, MF_LT_QB, MF_LT_O, MF_LT_OB,
+                                                MF_LT_LN2, MF_LT_LN2B, MF_LT_GATE, MF_LT_GATEB, MF_LT_DOWN, MF_LT_DOWNB};
+    for (int k = 0; k < MF_LT_COUNT; k++) m->lt[k] = -1;
+    for (int k = 0; k < MF_LAYER_TENSORS; k++) m->lt[order[k]] = k;
+    for (int l = 0; l < d->L; l++) {
+        char nm[48];
+#define LT(suffix, nd, a0, a1, dec) \
+        snprintf(nm, sizeof nm, "h.%d." suffix, l); add_tensor(m, ad, nm, l, nd, a0, a1, a0, dec)
+        LT("ln_1.weight", 1, C, 0, 0);
+        LT("ln_1.bias", 1, C, 0, 0);
+        LT("attn.c_attn.weight", 2, C, 3 * C, 1);
+        LT("attn.c_attn.bias", 1, 3 * C, 0, 0);
+        LT("attn.c_proj.weight", 2, C, C, 1);
+        LT("attn.c_proj.bias", 1, C, 0, 0);
+        LT("ln_2.weight", 1, C, 0, 0);
+        LT("ln_2.bias", 1, C, 0, 0);
+        LT("mlp.c_fc.weight", 2, C, 4 * C, 1);
+        LT("mlp.c_fc.bias", 1, 4 * C, 0, 0);
+        LT("mlp.c_proj.weight", 2, 4 * C, C, 1);
+        LT("mlp.c_proj.bias", 1, C, 0, 0);
+#undef LT
+    }
+    m->t_normf = m->n_tensors, m->n_normf = 2;
+    add_tensor_role(m, ad, "ln_f.weight", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
+    add_tensor_role(m, ad, "ln_f.bias", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
 }
 
 /* The Llama family's tensors under Hugging Face's names, in nn.Linear
@@ -332,8 +379,9 @@ static void declare_llama_tensors(mf_model *m, adder *ad) {
     const int64_t cols[MF_LT_COUNT] = {0, C, 0, C, 0, C, 0, AO, 0, C, C, I};
     int n = 0;
     for (int k = 0; k < MF_LT_COUNT; k++) {
+        /* GPT-2's other biases (MF_LT_LN1B ..) a Llama does not have */
         int bias = k == MF_LT_QB || k == MF_LT_KB || k == MF_LT_VB;
-        m->lt[k] = bias && !d->qkv_bias ? -1 : n++;
+        m->lt[k] = k > MF_LT_DOWN || (bias && !d->qkv_bias) ? -1 : n++;
     }
     m->nlt = n;
     for (int l = 0; l < d->L; l++)
@@ -377,6 +425,9 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                            "frozen base in bf16, int8 or nf4)", opt->compute == MF_DTYPE_BF16 ? "bf16" : "fp16");
     }
     int llama = d->arch == MF_ARCH_LLAMA;
+    /* the pieces the family's blocks compose (arch.c) */
+    const mf_block_desc *bd = mf_model_block_desc(d);
+    int ln_mean = bd->norm == MF_NORM_LAYERNORM;  /* LayerNorm keeps each row's mean; RMSNorm none */
     if (lora && lora->r > 0) {
         /* each family's own modules; without targets= PEFT's defaults
          * (GPT-2: c_attn; Llama: q_proj, v_proj) */
@@ -396,6 +447,8 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     m->pf_first = -1;
     const char *pf = getenv("MEMFIT_ZERO_PREFETCH");
     m->prefetch = !(pf && strcmp(pf, "0") == 0);
+    const char *ov = getenv("MEMFIT_ZERO_OVERLAP");
+    m->overlap = m->opt.zero == 2 && m->opt.world > 1 && !m->opt.in_backward && !(ov && strcmp(ov, "0") == 0);
     m->cdt = mode == MF_MODE_TRAIN ? m->opt.compute : MF_DTYPE_F32;  /* forward-only plans are fp32 */
     m->in16 = m->dout16 = m->dlogits16 = m->gemm_scratch = m->upd32 = -1;
     if (m->cdt != MF_DTYPE_F32 && m->opt.zero >= 1 && m->opt.world > 1)
@@ -442,33 +495,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     m->t_emb = 0;
     m->t_pos = m->t_head = -1;
     if (llama) declare_llama_tensors(m, &ad);
-    else {
-    add_tensor_role(m, &ad, "wte.weight", MF_ROLE_EMB, -1, 2, d->Vp, C, d->V, 1);
-    m->t_pos = m->n_tensors;
-    add_tensor_role(m, &ad, "wpe.weight", MF_ROLE_POS, -1, 2, d->maxT, C, d->maxT, 1);
-    m->t_layer0 = m->n_tensors, m->nlt = MF_LAYER_TENSORS;
-    for (int l = 0; l < L; l++) {
-        char nm[48];
-#define LT(suffix, nd, a0, a1, dec) \
-        snprintf(nm, sizeof nm, "h.%d." suffix, l); add_tensor(m, &ad, nm, l, nd, a0, a1, a0, dec)
-        LT("ln_1.weight", 1, C, 0, 0);
-        LT("ln_1.bias", 1, C, 0, 0);
-        LT("attn.c_attn.weight", 2, C, 3 * C, 1);
-        LT("attn.c_attn.bias", 1, 3 * C, 0, 0);
-        LT("attn.c_proj.weight", 2, C, C, 1);
-        LT("attn.c_proj.bias", 1, C, 0, 0);
-        LT("ln_2.weight", 1, C, 0, 0);
-        LT("ln_2.bias", 1, C, 0, 0);
-        LT("mlp.c_fc.weight", 2, C, 4 * C, 1);
-        LT("mlp.c_fc.bias", 1, 4 * C, 0, 0);
-        LT("mlp.c_proj.weight", 2, 4 * C, C, 1);
-        LT("mlp.c_proj.bias", 1, C, 0, 0);
-#undef LT
-    }
-    m->t_normf = m->n_tensors, m->n_normf = 2;
-    add_tensor_role(m, &ad, "ln_f.weight", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
-    add_tensor_role(m, &ad, "ln_f.bias", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
-    }
+    else declare_gpt2_tensors(m, &ad);
     /* LoRA adapters, as PEFT stores them: lora_A (r, in), lora_B (out, r) */
     m->lora_first = m->n_tensors;
     for (int l = 0; l < L && nlora; l++)
@@ -487,6 +514,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     /* loader buffers */
     m->inputs = add(&ad, "data.inputs", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
     m->targets = add(&ad, "data.targets", MF_CAT_DATA, MF_DTYPE_I32, 2, B, T, 0, 0, 0, last, -1);
+    m->pos = -1;  /* packing's positions row: added by the plan builder (build.c) when packing is on */
 
     /* Activations. A row backward needs is either kept (one per layer,
      * alive from the layer's forward to its backward) or rebuilt: forward
@@ -565,23 +593,23 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
          * gate's row when the whole block is rebuilt) */
         A->ln1_mean = R->ln1_mean = A->ln2_mean = R->ln2_mean = A->up = R->up = -1;
         ACT(ln1, 1, -1, H, 2, N, C, 0, 0);
-        if (!llama) { ACT(ln1_mean, 0, -1, F, 1, N, 0, 0, 0); }
+        if (ln_mean) { ACT(ln1_mean, 0, -1, F, 1, N, 0, 0, 0); }
         ACT(ln1_rstd, 0, -1, F, 1, N, 0, 0, 0);
         ACT(qkv, 0, -1, F, 2, N, QKV, 0, 0);
         ACT(lse, 0, -1, F, 3, B, NH, T, 0);
         ACT(atty, 0, A->ln1 >= 0 && plan->bufs[A->ln1].bytes >= (size_t)(N * AO * 4) ? A->ln1 : -1, F, 2, N, AO, 0, 0);
         ACT(xmid, 0, -1, F, 2, N, C, 0, 0);
         ACT(ln2, 1, A->ln1, H, 2, N, C, 0, 0);
-        if (!llama) { ACT(ln2_mean, 0, -1, F, 1, N, 0, 0, 0); }
+        if (ln_mean) { ACT(ln2_mean, 0, -1, F, 1, N, 0, 0, 0); }
         ACT(ln2_rstd, 0, -1, F, 1, N, 0, 0, 0);
         ACT(fch, 0, -1, F, 2, N, I, 0, 0);
-        if (llama) { ACT(up, 0, -1, F, 2, N, I, 0, 0); }
+        if (bd->mlp == MF_MLP_SWIGLU) { ACT(up, 0, -1, F, 2, N, I, 0, 0); }
         ACT(fch_gelu, 1, whole ? A->fch : -1, H, 2, N, I, 0, 0);
 #undef ACT
     }
     int hf = mf_phase_head_fwd(m), hb = train ? mf_phase_head_bwd(m) : hf;
     m->lnf = add(&ad, "act.ln_f", MF_CAT_ACTS, m->cdt, 2, N, C, 0, 0, hf, hb, -1);
-    m->lnf_mean = llama ? -1 : add(&ad, "act.ln_f_mean", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
+    m->lnf_mean = !ln_mean ? -1 : add(&ad, "act.ln_f_mean", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
     m->lnf_rstd = add(&ad, "act.ln_f_rstd", MF_CAT_ACTS, MF_DTYPE_F32, 1, N, 0, 0, 0, hf, hb, -1);
     /* the classifier and its loss run a chunk of rows at a time, backward
      * included, so at most chunk_rows x Vp logits exist, only in this phase */
@@ -611,7 +639,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         m->attn_scratch = add(&ad, "work.attn_bwd", MF_CAT_WORK, MF_DTYPE_F32, 1,
                               (int64_t)mf_flash_attention_scratch_floats(d->maxT, d->hd, nthreads), 0, 0, 0, l0, l1, -1);
     }
-    if (llama) {
+    if (bd->rope) {
         /* rotary cos/sin for the positions a forward can have (the run-time
          * guard allows fewer, longer sequences up to B x T tokens); kept
          * for the whole run, so it is computed again only when a forward's
@@ -640,10 +668,10 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         if (m->lora.base) {
             /* quantised base: the tile of dequantised rows the GEMMs use
              * (a Llama's bf16 head too, so it lives into the head phase) */
-            int64_t qs = (int64_t)quant_scratch_need(m, (int)N);
+            int64_t qs = (int64_t)mf_model_quant_scratch_need(m, (int)N);
             m->qscr_bytes = (size_t)qs;
             m->qscr_f = add(&ad, "work.quant_gemm.fwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, f0,
-                            llama ? mf_phase_head_fwd(m) : f1, -1);
+                            bd->bf16_frozen_embed ? mf_phase_head_fwd(m) : f1, -1);
             if (train) m->qscr_b = add(&ad, "work.quant_gemm.bwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, b0, b1, -1);
         }
     }
@@ -675,7 +703,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         /* the GEMM library's scratch for the largest call (fp32: none
          * unless the backend is oneDNN's matmul; 16-bit: docs/precision.md) */
         int g0 = mf_phase_layer_fwd(m, 0), g1 = train ? mf_phase_layer_bwd(m, 0) : hf;
-        size_t gs = gemm_scratch_need(m, (int)N);
+        size_t gs = mf_model_gemm_scratch_need(m, (int)N);
         if (gs == SIZE_MAX) { mf_model_free(m); return -1; }
         m->gemm_scratch_bytes = gs;
         if (gs || m->cdt != MF_DTYPE_F32)
@@ -693,535 +721,3 @@ void mf_model_free(mf_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-/* ---- init ------------------------------------------------------------ */
-
-void mf_model_state_ptrs(const mf_model *m, const mf_arena *a, const mf_tensor *t, void *ptr[MF_OPTIM_STATES]) {
-    (void)m;
-    for (int i = 0; i < MF_OPTIM_STATES; i++) ptr[i] = t->st[i] >= 0 ? mf_arena_ptr(a, t->st[i]) : NULL;
-}
-
-void mf_model_zero_state(const mf_model *m, const mf_arena *a, const mf_tensor *t) {
-    void *ptr[MF_OPTIM_STATES];
-    mf_model_state_ptrs(m, a, t, ptr);
-    mf_optim_zero(&m->opt, ptr, t->st, &t->os);
-}
-
-int mf_tensor_weights_row(const mf_tensor *t) { return t->mw >= 0 ? t->mw : t->p; }
-
-int mf_tensor_is16(const mf_model *m, const mf_tensor *t) {
-    return m->cdt != MF_DTYPE_F32 && t->ndim == 2 && t->role != MF_ROLE_POS;
-}
-
-void mf_model_sync_params(const mf_model *m, const mf_arena *a, int first, int n) {
-    for (int i = first; i < first + n; i++) {
-        const mf_tensor *t = &m->tensors[i];
-        if (t->mw >= 0) mf_half_from_f32(m->cdt, mf_arena_ptr(a, t->p), mf_arena_ptr(a, t->mw), (size_t)t->numel);
-    }
-}
-
-/* Stores v as element k of tensor t's weights: fp32, or rounded to 16 bits
- * when the tensor has no fp32 row (master_weights 0) */
-static void put_w(const mf_model *m, const mf_tensor *t, void *row, int64_t k, float v) {
-    if (t->mw < 0 && mf_tensor_is16(m, t)) ((uint16_t *)row)[k] = m->cdt == MF_DTYPE_BF16 ? mf_f32_to_bf16(v) : mf_f32_to_fp16(v);
-    else ((float *)row)[k] = v;
-}
-
-/* Set-up only (outside the step, when no non-persistent row is alive): an
- * arena row of at least n floats to stage a weight in before it is packed,
- * or NULL (the caller then uses the heap). */
-float *mf_model_stage(const mf_model *m, const mf_arena *a, int64_t n) {
-    const mf_plan *p = a->plan;
-    for (int i = 0; i < p->n; i++) {
-        const mf_buf *b = &p->bufs[i];
-        if (!b->disk && !(b->first == 0 && b->last == m->n_phases - 1) && b->bytes >= (size_t)n * sizeof(float))
-            return mf_arena_ptr(a, i);
-    }
-    return NULL;
-}
-
-/* A quantised frozen matrix's values, drawn a part at a time in the order
- * the full draw would take them (N(0, std), padding rows 0); the NF4
- * second pass starts the same stream again. */
-typedef struct { mf_rng *rng, start; float std; int64_t pad_from; } qinit_ctx;
-static void qinit_fill(void *ctx, float *buf, int64_t lo, int64_t len) {
-    qinit_ctx *q = ctx;
-    if (lo == 0) *q->rng = q->start;
-    for (int64_t k = 0; k < len; k++) {
-        float v = q->std * mf_rng_normal(q->rng);
-        buf[k] = lo + k >= q->pad_from ? 0.0f : v;
-    }
-}
-
-void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
-    mf_rng rng;
-    mf_rng_seed(&rng, seed);
-    float proj_std = 0.02f / sqrtf(2.0f * (float)m->d.L);
-    for (int i = 0; i < m->n_tensors; i++) {
-        mf_tensor *t = &m->tensors[i];
-        if (t->lora) break;  /* the adapters come last: mf_lora_init_weights below */
-        if (t->qkind) {
-            /* a quantised base matrix: the same draws, packed a part at a
-             * time (its fp32 values never exist whole: a 1B model's
-             * embedding would be 1 GiB of heap at start-up) */
-            int emb = t->role == MF_ROLE_EMB || t->role == MF_ROLE_HEAD;
-            qinit_ctx q = {&rng, rng, strstr(t->name, "c_proj.weight") ? proj_std : 0.02f,
-                           emb ? t->rows_file * t->shape[1] : t->numel};
-            if (mf_quant_pack_stream((mf_quant_kind)t->qkind, mf_arena_ptr(a, t->p), t->numel, qinit_fill, &q))
-                mf_panic("%s", mf_error());
-            continue;
-        }
-        /* ZeRO 3: the same values, this rank's shard [lo, hi) of them kept */
-        void *p = t->ps >= 0 ? (void *)((float *)mf_arena_ptr(a, t->ps) - t->lo) : mf_arena_ptr(a, mf_tensor_weights_row(t));
-        int64_t lo = t->ps >= 0 ? t->lo : 0, hi = t->ps >= 0 ? t->hi : t->numel;
-        const char *nm = t->name;
-        /* norms' weights: GPT-2's ln_*.weight, Llama's *norm.weight */
-        int is_ln_w = (strstr(nm, "ln_") && strstr(nm, ".weight")) || strstr(nm, "norm.weight");
-        if (is_ln_w) for (int64_t k = lo; k < hi; k++) put_w(m, t, p, k, 1.0f);
-        else if (t->ndim == 1) for (int64_t k = lo; k < hi; k++) put_w(m, t, p, k, 0.0f);
-        else {
-            float std = strstr(nm, "c_proj.weight") ? proj_std : 0.02f;
-            for (int64_t k = 0; k < t->numel; k++) {
-                float v = std * mf_rng_normal(&rng);
-                if (k >= lo && k < hi) put_w(m, t, p, k, v);
-            }
-        }
-        if (t->role == MF_ROLE_EMB || t->role == MF_ROLE_HEAD) /* padding rows stay zero */
-            for (int64_t k = t->rows_file * t->shape[1]; k < t->numel; k++)
-                if (k >= lo && k < hi) put_w(m, t, p, k, 0.0f);
-        mf_model_sync_params(m, a, i, 1);
-        if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * sizeof(float));
-        if (m->mode == MF_MODE_TRAIN && !m->opt.offload_path[0]) mf_model_zero_state(m, a, t);  /* disk: the trainer */
-    }
-    mf_lora_init_weights(m, a, seed);
-    for (int i = m->lora_first; m->lora.r > 0 && i < m->n_tensors; i++) {
-        mf_tensor *t = &m->tensors[i];
-        if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * sizeof(float));
-        if (m->mode == MF_MODE_TRAIN) mf_model_zero_state(m, a, t);
-    }
-}
-
-static void zero_g(mf_model *m, mf_arena *a, int first, int n) {
-    for (int i = first; i < first + n; i++)
-        if (m->tensors[i].g >= 0) memset(mf_arena_get(a, m->tensors[i].g), 0, (size_t)m->tensors[i].numel * sizeof(float));
-}
-
-void mf_model_zero_grads(mf_model *m, mf_arena *a) {
-    if (!grads_transient(m)) zero_g(m, a, 0, m->n_tensors);
-    for (int i = 0; i < m->n_tensors; i++)
-        if (m->tensors[i].gs >= 0) memset(mf_arena_get(a, m->tensors[i].gs), 0, (size_t)(m->tensors[i].hi - m->tensors[i].lo) * sizeof(float));
-}
-
-/* update_in_backward: tensors [first, first+n) start their gradient in
- * this phase (zero it) or finish it (hand it to the optimizer) */
-static void grads_start(mf_model *m, mf_arena *a, int first, int n) {
-    if (grads_transient(m)) zero_g(m, a, first, n);
-}
-static void grads_done(mf_model *m, int first, int n) {
-    if (grads_transient(m) && m->grads_ready) m->grads_ready(m->grads_ctx, first, n);
-}
-
-/* ---- forward --------------------------------------------------------- */
-
-#define P(l, k) tensor_p(m, a, 2 + (l) * MF_LAYER_TENSORS + (k))
-#define G(l, k) tensor_g(m, a, 2 + (l) * MF_LAYER_TENSORS + (k))
-#define BUF(id) ((float *)mf_arena_get(a, (id)))
-#define tensor_p mf_model_tensor_p
-#define tensor_g mf_model_tensor_g
-#define gelu_out mf_model_mlp_out
-enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB };
-
-/* Tensor i's gradient (NULL for a frozen base weight under LoRA). */
-float *mf_model_tensor_g(mf_model *m, mf_arena *a, int i) {
-    return m->tensors[i].g >= 0 ? mf_arena_get(a, m->tensors[i].g) : NULL;
-}
-/* LoRA hooks around target k's matmul (nothing when k has no adapter) */
-#define LORA_FWD(k, x, y) if (m->lora.r) mf_lora_layer_forward(m, a, l, k, x, y, N)
-#define LORA_BWD_P(k, dy, x) if (m->lora.r) mf_lora_layer_backward_params(m, a, l, k, dy, x, N)
-#define LORA_BWD_X(k, dx) if (m->lora.r) mf_lora_layer_backward_input(m, a, l, k, dx, N)
-
-/* Tensor i's parameters; under ZeRO 3 the row gathered for this phase
- * (backward has its own). */
-float *mf_model_tensor_p(mf_model *m, mf_arena *a, int i) {
-    const mf_tensor *x = &m->tensors[i];
-    return mf_arena_get(a, x->pb >= 0 && a->phase >= mf_phase_head_bwd(m) ? x->pb : x->p);
-}
-
-/* The base's linear layers: out = inp @ W + b (+ resid when non-NULL);
- * dinp = dout @ W^T (+ dW, db when they have gradients). A quantised frozen
- * W (--base_dtype) goes through quant.h's tile-dequantising GEMMs. */
-static void *quant_scratch(mf_model *m, mf_arena *a) {
-    return mf_arena_get(a, m->mode == MF_MODE_TRAIN && a->phase >= mf_phase_head_bwd(m) ? m->qscr_b : m->qscr_f);
-}
-static void linear_fwd(mf_model *m, mf_arena *a, int l, int k, float *out, const float *inp, const float *resid,
-                       int N, int K, int OC) {
-    const mf_tensor *w = &m->tensors[2 + l * MF_LAYER_TENSORS + k];
-    if (!w->qkind) {
-        if (resid) memcpy(out, resid, (size_t)N * OC * sizeof(float));
-        mf_matmul_forward(out, inp, P(l, k), P(l, k + 1), N, K, OC, resid != NULL);
-        return;
-    }
-    mf_quant_matmul_forward(out, inp, P(l, k), P(l, k + 1), N, K, OC, (mf_quant_kind)w->qkind, quant_scratch(m, a));
-    if (resid)
-        for (size_t i = 0; i < (size_t)N * OC; i++) out[i] += resid[i];
-}
-static void linear_bwd(mf_model *m, mf_arena *a, int l, int k, float *dinp, const float *dout, const float *inp,
-                       int N, int K, int OC) {
-    const mf_tensor *w = &m->tensors[2 + l * MF_LAYER_TENSORS + k];
-    if (!w->qkind) {
-        mf_matmul_backward(dinp, G(l, k), G(l, k + 1), dout, inp, P(l, k), N, K, OC);
-        return;
-    }
-    memset(dinp, 0, (size_t)N * K * sizeof(float));
-    mf_quant_matmul_backward_input(dinp, dout, P(l, k), N, K, OC, (mf_quant_kind)w->qkind, quant_scratch(m, a));
-}
-
-/* ZeRO 3: gathers tensors [first, first+n) for the phase that starts, or
- * waits for the prefetch that gathers them */
-static void params_need(mf_model *m, mf_arena *a, int first, int n) {
-    if (m->tensors[first].ps < 0 || m->comm_err) return;
-    int rc = m->pf_first == first ? mf_dist_gather_wait() : mf_zero_params_needed(m, a, first, n);
-    m->pf_first = -1;
-    if (rc) m->comm_err = 1;
-}
-
-/* ZeRO 3: starts gathering block l's parameters (for the next phase: the
- * block above in forward, below in backward) while this phase computes */
-static void params_prefetch(mf_model *m, mf_arena *a, int l) {
-    int first = m->t_layer0 + l * m->nlt;
-    if (l < 0 || l >= m->d.L || !m->prefetch || m->tensors[first].ps < 0 || m->comm_err) return;
-    if (mf_zero_params_prefetch(m, a, first, m->nlt)) m->comm_err = 1;
-    else m->pf_first = first;
-}
-
-
-/* The GELU output backward reads: its row, or work.dmlp when it is rebuilt
- * right before the layer's backward (see the plan). */
-float *mf_model_mlp_out(mf_model *m, mf_arena *a, const mf_layer_acts *A) {
-    return A->fch_gelu >= 0 ? BUF(A->fch_gelu) : BUF(m->dbig);
-}
-
-/* recompute != 0: a pass inside a backward phase that rebuilds the layer's
- * activations into the rows backward reads (it stays in that phase);
- * write_out == 0 leaves the layer's output unwritten when that buffer is no
- * longer alive */
-/* fp32: hands the planned GEMM scratch to mf_sgemm for the phase that
- * starts (the row's lifetime spans the layers and the head); NULL after the
- * step, so no later call writes into a row that is gone */
-static void sgemm_scratch(const mf_model *m, mf_arena *a) {
-    if (m->cdt == MF_DTYPE_F32) mf_sgemm_scratch(m->gemm_scratch >= 0 ? mf_arena_get(a, m->gemm_scratch) : NULL,
-                                                 m->gemm_scratch_bytes);
-}
-
-static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute, int write_out) {
-    int C = m->d.C, NH = m->d.NH, N = B * T;
-    const mf_layer_acts *A = recompute ? &m->racts[l] : &m->acts[l];
-    const int *res = recompute ? m->rres : m->res;
-    if (!recompute) {
-        mf_arena_phase(a, mf_phase_layer_fwd(m, l));
-        params_need(m, a, m->t_layer0 + l * m->nlt, m->nlt);
-        params_prefetch(m, a, l + 1);
-    }
-    sgemm_scratch(m, a);
-    if (m->d.arch == MF_ARCH_LLAMA) {
-        mf_llama_block_forward(m, a, l, B, T, recompute, write_out);
-        return;
-    }
-    float *x = BUF(res[l]);
-    float *ln1 = BUF(A->ln1), *qkv = BUF(A->qkv), *lse = BUF(A->lse), *atty = BUF(A->atty);
-    float *ln2 = BUF(A->ln2), *fch = BUF(A->fch), *fchg = gelu_out(m, a, A);
-    if (m->cdt != MF_DTYPE_F32) {
-        /* 16-bit: the same block with 16-bit GEMM inputs (see mixed.c) */
-        mf_dtype dt = m->cdt;
-        void *gs = mf_arena_get(a, m->gemm_scratch), *in16 = mf_arena_get(a, m->in16);
-        size_t gb = m->gemm_scratch_bytes;
-        mf_layernorm_forward16(ln1, dt, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
-        mf_matmul16_forward(dt, qkv, ln1, P(l, QKVW), P(l, QKVB), N, C, 3 * C, 0, gs, gb);
-        mf_flash_attention_forward(atty, lse, qkv, B, T, C, NH);
-        float *xmid = BUF(A->xmid);
-        memcpy(xmid, x, (size_t)N * C * sizeof(float));
-        mf_half_from_f32(dt, in16, atty, (size_t)N * C);
-        mf_matmul16_forward(dt, xmid, in16, P(l, PROJW), P(l, PROJB), N, C, C, 1, gs, gb);
-        mf_layernorm_forward16(ln2, dt, BUF(A->ln2_mean), BUF(A->ln2_rstd), xmid, P(l, LN2W), P(l, LN2B), N, C);
-        mf_matmul16_forward(dt, fch, ln2, P(l, FCW), P(l, FCB), N, C, 4 * C, 0, gs, gb);
-        mf_gelu_forward16(fchg, dt, fch, (size_t)N * 4 * C);
-        if (!write_out) return;
-        float *out = BUF(res[l + 1]);
-        memcpy(out, xmid, (size_t)N * C * sizeof(float));
-        mf_matmul16_forward(dt, out, fchg, P(l, FCPW), P(l, FCPB), N, 4 * C, C, 1, gs, gb);
-        return;
-    }
-    mf_layernorm_forward(ln1, BUF(A->ln1_mean), BUF(A->ln1_rstd), x, P(l, LN1W), P(l, LN1B), N, C);
-    linear_fwd(m, a, l, QKVW, qkv, ln1, NULL, N, C, 3 * C);
-    LORA_FWD(MF_LORA_ATTN_C_ATTN, ln1, qkv);
-    /* FlashAttention: only the output and each row's log-sum-exp are kept;
-     * the T x T scores are recomputed tile by tile in backward */
-    mf_flash_attention_forward(atty, lse, qkv, B, T, C, NH);
-    /* xmid = x + (atty @ Wproj + b): the GEMM writes xmid (beta = 0), then
-     * one pass per row adds the residual and the bias and computes ln_2
-     * while the row is in cache (xmid is kept: ln_2's backward reads it) */
-    float *xmid = BUF(A->xmid);
-    if (!m->lora.r) {
-        /* a plain fp32 base: the fused kernels */
-        mf_matmul_forward(xmid, atty, P(l, PROJW), NULL, N, C, C, 0);
-        mf_residual_layernorm_forward(xmid, ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), x, P(l, PROJB),
-                                      P(l, LN2W), P(l, LN2B), N, C);
-        /* fch = ln2 @ Wfc (beta = 0), then its bias and the GELU in one pass */
-        mf_matmul_forward(fch, ln2, P(l, FCW), NULL, N, C, 4 * C, 0);
-        mf_bias_gelu_forward(fchg, fch, P(l, FCB), N, 4 * C);
-        if (!write_out) return;
-        float *out = BUF(res[l + 1]);
-        mf_matmul_forward(out, fchg, P(l, FCPW), NULL, N, 4 * C, C, 0);
-        mf_residual_forward(out, xmid, P(l, FCPB), N, C);
-        return;
-    }
-    linear_fwd(m, a, l, PROJW, xmid, atty, x, N, C, C);
-    LORA_FWD(MF_LORA_ATTN_C_PROJ, atty, xmid);
-    mf_layernorm_forward(ln2, BUF(A->ln2_mean), BUF(A->ln2_rstd), xmid, P(l, LN2W), P(l, LN2B), N, C);
-    linear_fwd(m, a, l, FCW, fch, ln2, NULL, N, C, 4 * C);
-    LORA_FWD(MF_LORA_MLP_C_FC, ln2, fch);
-    mf_gelu_forward(fchg, fch, (size_t)N * 4 * C);
-    if (!write_out) return;
-    float *out = BUF(res[l + 1]);
-    linear_fwd(m, a, l, FCPW, out, fchg, xmid, N, 4 * C, C);
-    LORA_FWD(MF_LORA_MLP_C_PROJ, fchg, out);
-}
-
-#define WTE 0
-#define WPE (m->t_pos)
-#define LNF_W (m->t_normf)
-#define LNF_B (LNF_W + 1)
-
-int mf_model_fits(const mf_model *m, int B, int T) {
-    if (B < 1 || T < 1 || T > m->d.maxT || (int64_t)B * T > (int64_t)m->B * m->T) return 0;
-    if (B > m->chunk_rows) return 0;  /* a sampling forward keeps each sequence's last logits row */
-    if (B == m->B && T == m->T) return 1;
-    int64_t N = (int64_t)B * T;
-    /* the row-linear buffers hold N rows; what else depends on the shape */
-    if (m->attn_scratch >= 0 &&
-        mf_flash_attention_scratch_floats(T, m->d.hd, m->nthreads) >
-            mf_flash_attention_scratch_floats(m->d.maxT, m->d.hd, m->nthreads))
-        return 0;
-    if (m->gemm_scratch >= 0 && gemm_scratch_need(m, (int)N) > m->gemm_scratch_bytes) return 0;
-    if (m->qscr_f >= 0 && quant_scratch_need(m, (int)N) > m->qscr_bytes) return 0;
-    return 1;
-}
-
-double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets, float dscale) {
-    if (!mf_model_fits(m, B, T)) mf_panic("forward on %dx%d does not fit the planned %dx%d", B, T, m->B, m->T);
-    int C = m->d.C, N = B * T, L = m->d.L;
-    m->lora_drop = m->lora.r > 0 && m->lora.dropout > 0 && use_targets && dscale != 0.0f && m->mode == MF_MODE_TRAIN;
-    int llama = m->d.arch == MF_ARCH_LLAMA;
-    mf_arena_phase(a, mf_phase_emb_fwd(m));
-    params_need(m, a, WTE, llama ? 1 : 2);
-    params_prefetch(m, a, 0);
-    const int32_t *inp = mf_arena_get(a, m->inputs);
-    int h16 = m->cdt != MF_DTYPE_F32;
-    if (llama) {
-        if (m->tensors[WTE].qkind == MF_QUANT_BF16)  /* a frozen bf16 embedding (QLoRA) */
-            mf_embed_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), MF_DTYPE_BF16, N, C);
-        else if (h16) mf_embed_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, N, C);
-        else mf_embed_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), N, C);
-        mf_llama_rope_fill(m, a, T);
-    } else if (h16) mf_encoder_forward16(BUF(m->res[0]), inp, tensor_p(m, a, WTE), m->cdt, tensor_p(m, a, WPE), B, T, C);
-    else mf_encoder_forward(BUF(m->res[0]), inp, tensor_p(m, a, WTE), tensor_p(m, a, WPE), B, T, C);
-    for (int l = 0; l < L; l++) layer_forward(m, a, l, B, T, 0, 1);
-    mf_arena_phase(a, mf_phase_head_fwd(m));
-    params_need(m, a, LNF_W, m->n_normf);
-    /* the output head: the embedding (tied) or lm_head */
-    int HW = m->t_head >= 0 ? m->t_head : WTE;
-    if (HW != WTE) params_need(m, a, HW, 1);
-    float *lnf = BUF(m->lnf), *logits = BUF(m->logits);
-    mf_dtype dt = m->cdt;
-    /* 16-bit: ln_f's output, rows of C 16-bit values */
-    uint16_t *lnf16 = (uint16_t *)lnf;
-    void *gs = h16 ? mf_arena_get(a, m->gemm_scratch) : NULL;
-    size_t gb = m->gemm_scratch_bytes;
-    sgemm_scratch(m, a);
-    if (llama && h16) mf_rmsnorm_forward16(lnf, dt, BUF(m->lnf_rstd), BUF(m->res[L]), tensor_p(m, a, LNF_W), N, C, m->d.eps);
-    else if (llama) mf_rmsnorm_forward(lnf, BUF(m->lnf_rstd), BUF(m->res[L]), tensor_p(m, a, LNF_W), N, C, m->d.eps);
-    else if (h16) mf_layernorm_forward16(lnf, dt, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
-                                    tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
-    else mf_layernorm_forward(lnf, BUF(m->lnf_mean), BUF(m->lnf_rstd), BUF(m->res[L]),
-                              tensor_p(m, a, LNF_W), tensor_p(m, a, LNF_B), N, C);
-    const float *wte = tensor_p(m, a, HW);
-    int R = m->chunk_rows, Vp = m->d.Vp;
-    /* a frozen bf16 head (a Llama's QLoRA): dequantised a tile at a time */
-    mf_quant_kind hq = (mf_quant_kind)m->tensors[HW].qkind;
-    void *hqs = hq ? mf_arena_get(a, m->qscr_f) : NULL;
-    if (!use_targets) {
-        /* sampling: every row if they fit at once, else each sequence's last */
-        m->logits_all = R >= N;
-        if (hq && m->logits_all) mf_quant_linear_forward(logits, Vp, lnf, wte, NULL, N, C, Vp, 0.0f, hq, hqs);
-        else if (hq)
-            for (int b = 0; b < B; b++)
-                mf_quant_linear_forward(logits + (size_t)b * Vp, Vp, lnf + ((size_t)b * T + T - 1) * C, wte, NULL, 1, C,
-                                        Vp, 0.0f, hq, hqs);
-        else if (m->logits_all) {
-            if (h16) mf_classifier16_forward(dt, logits, lnf, wte, N, C, Vp, gs, gb);
-            else mf_classifier_forward(logits, lnf, wte, N, C, Vp);
-        } else
-            for (int b = 0; b < B; b++) {
-                size_t row = (size_t)b * T + T - 1;
-                if (h16) mf_classifier16_forward(dt, logits + (size_t)b * Vp, lnf16 + row * C, wte, 1, C, Vp, gs, gb);
-                else mf_classifier_forward(logits + (size_t)b * Vp, lnf + row * C, wte, 1, C, Vp);
-            }
-        mf_sgemm_scratch(NULL, 0);
-        return 0.0;
-    }
-    if (dscale != 0.0f && m->mode != MF_MODE_TRAIN) mf_panic("training forward on a forward-only plan");
-    const int32_t *tgt = mf_arena_get(a, m->targets);
-    if (dscale != 0.0f) grads_start(m, a, HW, 1);
-    float *losses = BUF(m->losses), *dln = dscale != 0.0f ? BUF(m->dln) : NULL, *dwte = dln ? tensor_g(m, a, HW) : NULL;
-    double sum = 0;
-    void *dl16 = h16 && dln ? mf_arena_get(a, m->dlogits16) : NULL;
-    for (int r0 = 0; r0 < N; r0 += R) {
-        int rows = N - r0 < R ? N - r0 : R;
-        if (h16) {
-            /* logits and the loss in fp32; the rounded d(logits) feeds both GEMMs */
-            const uint16_t *x = lnf16 + (size_t)r0 * C;
-            mf_classifier16_forward(dt, logits, x, wte, rows, C, Vp, gs, gb);
-            if (dt == MF_DTYPE_BF16 && dln) {
-                /* bf16: the loss kernel writes the rounded gradient itself */
-                sum += mf_crossentropy_forward_bf16(logits, dl16, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
-                mf_classifier16_backward(dt, dln + (size_t)r0 * C, dwte, NULL, dl16, x, wte, rows, C, Vp, gs, gb);
-                continue;
-            }
-            sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
-            if (dln) mf_classifier16_backward(dt, dln + (size_t)r0 * C, dwte, logits, dl16, x, wte, rows, C, Vp, gs, gb);
-            continue;
-        }
-        const float *x = lnf + (size_t)r0 * C;
-        if (hq) {
-            mf_quant_linear_forward(logits, Vp, x, wte, NULL, rows, C, Vp, 0.0f, hq, hqs);
-            sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
-            if (dln) {
-                memset(dln + (size_t)r0 * C, 0, (size_t)rows * C * sizeof(float));
-                mf_quant_linear_backward_input(dln + (size_t)r0 * C, logits, Vp, wte, rows, C, Vp, hq, hqs);
-            }
-            continue;
-        }
-        mf_classifier_forward(logits, x, wte, rows, C, Vp);
-        sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
-        if (dln) mf_classifier_backward(dln + (size_t)r0 * C, dwte, logits, x, wte, rows, C, Vp);
-    }
-    if (dln && HW != WTE) grads_done(m, HW, 1);  /* an untied head's gradient is complete */
-    m->logits_all = 0;
-    mf_sgemm_scratch(NULL, 0);
-    return sum / N;
-}
-
-void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
-    if (m->mode != MF_MODE_TRAIN) mf_panic("backward on a forward-only plan");
-    int C = m->d.C, NH = m->d.NH, N = B * T, L = m->d.L;
-    int llama = m->d.arch == MF_ARCH_LLAMA;
-    mf_arena_phase(a, mf_phase_head_bwd(m));
-    params_need(m, a, LNF_W, m->n_normf);
-    params_prefetch(m, a, L - 1);
-    /* the classifier's backward ran with the loss; dln holds d(ln_f output) */
-    float *dln = BUF(m->dln), *dres = BUF(m->dres);
-    memset(dres, 0, (size_t)N * C * sizeof(float));
-    grads_start(m, a, LNF_W, m->n_normf);
-    if (llama)
-        mf_rmsnorm_backward(dres, tensor_g(m, a, LNF_W), dln, BUF(m->res[L]), tensor_p(m, a, LNF_W), BUF(m->lnf_rstd), N, C);
-    else
-        mf_layernorm_backward(dres, tensor_g(m, a, LNF_W), tensor_g(m, a, LNF_B), dln, BUF(m->res[L]),
-                              tensor_p(m, a, LNF_W), BUF(m->lnf_mean), BUF(m->lnf_rstd), N, C);
-    grads_done(m, LNF_W, m->n_normf);
-    for (int l = L - 1; l >= 0; l--) {
-        mf_arena_phase(a, mf_phase_layer_bwd(m, l));
-        params_need(m, a, m->t_layer0 + l * m->nlt, m->nlt);
-        params_prefetch(m, a, l - 1);
-        grads_start(m, a, m->t_layer0 + l * m->nlt, m->nlt);
-        sgemm_scratch(m, a);
-        int sg = m->seg, s0 = sg ? l / sg * sg : 0;
-        if (sg && l == (s0 + sg - 1 < L - 1 ? s0 + sg - 1 : L - 1)) {
-            /* top block of a segment: rebuild the segment from its kept
-             * input; every output but the top one's goes to a slot */
-            for (int k = s0; k <= l; k++) layer_forward(m, a, k, B, T, 1, k < l);
-        }
-        if (l < m->auto_k) layer_forward(m, a, l, B, T, 1, 0);
-        if (llama) {
-            mf_llama_block_backward(m, a, l, B, T);
-            grads_done(m, m->t_layer0 + l * m->nlt, m->nlt);
-            continue;
-        }
-        const mf_layer_acts *A = &m->racts[l];
-        if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE && m->cdt != MF_DTYPE_F32) {
-            mf_dtype dt = m->cdt;
-            mf_layernorm_forward16(BUF(A->ln1), dt, BUF(A->ln1_mean), BUF(A->ln1_rstd), BUF(m->rres[l]), P(l, LN1W), P(l, LN1B), N, C);
-            mf_layernorm_forward16(BUF(A->ln2), dt, BUF(A->ln2_mean), BUF(A->ln2_rstd), BUF(A->xmid), P(l, LN2W), P(l, LN2B), N, C);
-            mf_gelu_forward16(gelu_out(m, a, A), dt, BUF(A->fch), (size_t)N * 4 * C);
-        } else if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE) {
-            /* rebuild the element-wise outputs from the kept inputs; the
-             * statistics come out bit-identical to the forward's */
-            mf_layernorm_forward(BUF(A->ln1), BUF(A->ln1_mean), BUF(A->ln1_rstd), BUF(m->rres[l]), P(l, LN1W), P(l, LN1B), N, C);
-            mf_layernorm_forward(BUF(A->ln2), BUF(A->ln2_mean), BUF(A->ln2_rstd), BUF(A->xmid), P(l, LN2W), P(l, LN2B), N, C);
-            mf_gelu_forward(gelu_out(m, a, A), BUF(A->fch), (size_t)N * 4 * C);
-        }
-        float *dbig = BUF(m->dbig), *dqkv = BUF(m->dqkv);
-        if (m->cdt != MF_DTYPE_F32) {
-            /* 16-bit: the same backward; each GEMM rounds its output
-             * gradient into dout16, weight gradients accumulate in fp32 */
-            mf_dtype dt = m->cdt;
-            void *gs = mf_arena_get(a, m->gemm_scratch), *d16 = mf_arena_get(a, m->dout16), *in16 = mf_arena_get(a, m->in16);
-            size_t gb = m->gemm_scratch_bytes;
-            mf_matmul16_backward(dt, dbig, G(l, FCPW), G(l, FCPB), dres, d16, gelu_out(m, a, A), P(l, FCPW), N, 4 * C, C, gs, gb);
-            mf_gelu_backward(dbig, BUF(A->fch), dbig, (size_t)N * 4 * C);
-            mf_matmul16_backward(dt, dln, G(l, FCW), G(l, FCB), dbig, d16, BUF(A->ln2), P(l, FCW), N, C, 4 * C, gs, gb);
-            mf_layernorm_backward(dres, G(l, LN2W), G(l, LN2B), dln, BUF(A->xmid), P(l, LN2W),
-                                  BUF(A->ln2_mean), BUF(A->ln2_rstd), N, C);
-            mf_half_from_f32(dt, in16, BUF(A->atty), (size_t)N * C);
-            mf_matmul16_backward(dt, dln, G(l, PROJW), G(l, PROJB), dres, d16, in16, P(l, PROJW), N, C, C, gs, gb);
-            mf_flash_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
-                                        B, T, C, NH);
-            mf_matmul16_backward(dt, dln, G(l, QKVW), G(l, QKVB), dqkv, d16, BUF(A->ln1), P(l, QKVW), N, C, 3 * C, gs, gb);
-            mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->rres[l]), P(l, LN1W),
-                                  BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
-            grads_done(m, m->t_layer0 + l * m->nlt, m->nlt);
-            continue;
-        }
-        /* MLP: out = xmid + gelu(ln2 @ Wfc + b) @ Wfcp + b; the GELU output
-         * may live in dbig itself (matmul_backward reads inp before it
-         * writes dinp) */
-        LORA_BWD_P(MF_LORA_MLP_C_PROJ, dres, gelu_out(m, a, A));
-        linear_bwd(m, a, l, FCPW, dbig, dres, gelu_out(m, a, A), N, 4 * C, C);
-        LORA_BWD_X(MF_LORA_MLP_C_PROJ, dbig);
-        mf_gelu_backward(dbig, BUF(A->fch), dbig, (size_t)N * 4 * C);
-        LORA_BWD_P(MF_LORA_MLP_C_FC, dbig, BUF(A->ln2));
-        linear_bwd(m, a, l, FCW, dln, dbig, BUF(A->ln2), N, C, 4 * C);
-        LORA_BWD_X(MF_LORA_MLP_C_FC, dln);
-        mf_layernorm_backward(dres, G(l, LN2W), G(l, LN2B), dln, BUF(A->xmid), P(l, LN2W),
-                              BUF(A->ln2_mean), BUF(A->ln2_rstd), N, C);
-        /* attention: xmid = x + attn(ln1(x)) @ Wproj + b */
-        LORA_BWD_P(MF_LORA_ATTN_C_PROJ, dres, BUF(A->atty));
-        linear_bwd(m, a, l, PROJW, dln, dres, BUF(A->atty), N, C, C);
-        LORA_BWD_X(MF_LORA_ATTN_C_PROJ, dln);
-        mf_flash_attention_backward(dqkv, BUF(m->attn_scratch), dln, BUF(A->atty), BUF(A->qkv), BUF(A->lse),
-                                    B, T, C, NH);
-        LORA_BWD_P(MF_LORA_ATTN_C_ATTN, dqkv, BUF(A->ln1));
-        linear_bwd(m, a, l, QKVW, dln, dqkv, BUF(A->ln1), N, C, 3 * C);
-        LORA_BWD_X(MF_LORA_ATTN_C_ATTN, dln);
-        mf_layernorm_backward(dres, G(l, LN1W), G(l, LN1B), dln, BUF(m->rres[l]), P(l, LN1W),
-                              BUF(A->ln1_mean), BUF(A->ln1_rstd), N, C);
-        grads_done(m, m->t_layer0 + l * m->nlt, m->nlt);
-    }
-    mf_sgemm_scratch(NULL, 0);
-    mf_arena_phase(a, mf_phase_emb_bwd(m));
-    if (llama) {
-        /* untied: the embedding's gradient starts here */
-        if (m->t_head >= 0) grads_start(m, a, WTE, 1);
-        if (!m->tensors[WTE].frozen) mf_embed_backward(tensor_g(m, a, WTE), dres, mf_arena_get(a, m->inputs), N, C);
-        grads_done(m, WTE, 1);
-    } else {
-    grads_start(m, a, WPE, 1);
-    if (!m->tensors[WTE].frozen)
-        mf_encoder_backward(tensor_g(m, a, WTE), tensor_g(m, a, WPE), dres, mf_arena_get(a, m->inputs), B, T, C);
-    grads_done(m, WTE, 2);
-    }
-}
-
-const float *mf_model_logits(mf_model *m, mf_arena *a, int T, int b, int t) {
-    if (m->logits_all) return BUF(m->logits) + ((size_t)b * T + t) * m->d.Vp;
-    if (t != T - 1) mf_panic("logits of row %d were not computed (only each sequence's last)", t);
-    return BUF(m->logits) + (size_t)b * m->d.Vp;
-}

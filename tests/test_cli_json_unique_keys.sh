@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Every JSON document memfit prints or writes parses with a strict parser:
+# one JSON value per document (one per line for .jsonl), no duplicate keys
+# at any depth (Python's json keeps only the last of two equal keys, which
+# is how `estimate --json` once lost the optimizer's name), and no NaN or
+# Infinity (not JSON). Covered: estimate --json (plain, bf16, LoRA, budget
+# with recompute auto, ZeRO), plan --json, train --metrics, --trace, and
+# the config.json / adapter_config.json a run writes.
+set -u
+M=${MEMFIT_BIN:?}
+W=$(mktemp -d /tmp/memfit-json-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+fail=0
+PY=/usr/bin/python3
+
+n=0
+est() { n=$((n + 1)); "$M" estimate --json "$@" > "$W/est$n.json" || { echo "FAIL estimate --json $*"; fail=1; }; }
+est
+est --model gpt2-124m --batch 4 --seq 256
+est --precision bf16 --master_weights 0
+est --lora r=4 --base_dtype nf4
+est --budget 300MiB --recompute auto
+est --world_size 4 --zero 3
+est --model llama-tiny --optimizer adamw8bit
+"$M" plan --json --budget 1GiB > "$W/plan1.json" || { echo "FAIL plan --json"; fail=1; }
+"$M" plan --json --all --budget 1GiB --allow lossy > "$W/plan2.json" || { echo "FAIL plan --json --all"; fail=1; }
+
+head -c 20000 /dev/urandom | base64 > "$W/c.txt"
+"$M" tokenize --tokenizer bytes "$W/c.txt" "$W/c.tok" > /dev/null
+TINY="--n_layer 2 --n_embd 64 --n_head 4 --block_size 32 --seq 32 --batch 4 --data $W/c.tok --progress 0"
+"$M" train --model gpt2-1m $TINY --steps 2 --val_every 1 --val_batches 1 --sample_tokens 0 \
+  --metrics "$W/m.jsonl" --trace "$W/trace.json" > "$W/train.txt" 2>&1 || { echo "FAIL train"; cat "$W/train.txt"; fail=1; }
+"$M" train --model llama-tiny $TINY --n_kv_head 2 --intermediate_size 128 --tokenizer bytes --steps 1 --val_every 0 \
+  --sample_tokens 0 --out_dir "$W/out" --lora r=2 --save_adapter "$W/ad" > "$W/train2.txt" 2>&1 \
+  || { echo "FAIL train llama-tiny"; cat "$W/train2.txt"; fail=1; }
+
+$PY - "$W" <<'PY' || fail=1
+import glob, json, os, sys
+W = sys.argv[1]
+def strict(pairs):
+    keys = [k for k, _ in pairs]
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup: raise ValueError("duplicate key(s) %s" % dup)
+    return dict(pairs)
+def no_const(c): raise ValueError("%s is not JSON" % c)
+def parse(text): return json.loads(text, object_pairs_hook=strict, parse_constant=no_const)
+# the parser itself must refuse what it is here to refuse
+for bad in ('{"a":1,"a":2}', '{"x":{"b":1,"b":1}}', '[NaN]'):
+    try: parse(bad)
+    except ValueError: pass
+    else: print("FAIL strict parser accepted " + bad); sys.exit(1)
+files = sorted(glob.glob(W + "/*.json") + glob.glob(W + "/*.jsonl") + glob.glob(W + "/out/*.json") + glob.glob(W + "/ad/*.json"))
+bad = 0
+for f in files:
+    name = os.path.relpath(f, W)
+    if name.endswith("tokenizer.json"): continue  # a copy of the user's file, not memfit's output
+    text = open(f).read()
+    docs = [l for l in text.splitlines() if l.strip()] if f.endswith(".jsonl") else [text]
+    try:
+        for d in docs: parse(d)
+        print("ok   %s (%d document%s)" % (name, len(docs), "s" * (len(docs) != 1)))
+    except ValueError as e:
+        print("FAIL %s: %s" % (name, e)); bad = 1
+need = ["est1.json", "plan1.json", "plan2.json", "m.jsonl", "trace.json", "out/config.json", "ad/adapter_config.json"]
+for x in need:
+    if not os.path.exists(os.path.join(W, x)): print("FAIL %s was not written" % x); bad = 1
+e = parse(open(W + "/est1.json").read())
+if not (e.get("optimizer") == "adamw" and isinstance(e.get("optimizer_state"), (int, float)) and e["optimizer_state"] == e["bytes"]["optim"]):
+    print("FAIL estimate: optimizer is the name, optimizer_state the bytes"); bad = 1
+sys.exit(bad)
+PY
+[ $fail -eq 0 ] && echo "test_cli_json_unique_keys: ok"
+exit $fail
