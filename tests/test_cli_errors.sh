@@ -44,6 +44,7 @@ expect_error fp16-in-backward "precision fp16 cannot update in backward" "$M" tr
 expect_error bf16-zero "ZeRO sharding of 16-bit weights" "$M" estimate --model gpt2-1m --precision bf16 --world_size 2 --zero 1
 expect_error bad-isa "MEMFIT_ISA='bogus' is not auto, portable or avx512" env MEMFIT_ISA=bogus "$M" train "${tiny[@]}" --data "$W/good.tok"
 expect_error bad-gemm "MEMFIT_GEMM='bogus' is not auto, onednn, matmul or openblas" env MEMFIT_GEMM=bogus "$M" train "${tiny[@]}" --data "$W/good.tok"
+expect_error bad-gemm-split "MEMFIT_GEMM_SPLIT='2' is not 0 or 1" env MEMFIT_GEMM_SPLIT=2 "$M" train "${tiny[@]}" --data "$W/good.tok"
 expect_error bad-omp-wait "config key 'omp_wait'" "$M" train "${tiny[@]}" --data "$W/good.tok" --omp_wait sometimes
 expect_error effective-batch "not a multiple of batch" "$M" train "${tiny[@]}" --data "$W/good.tok" --effective_batch 3
 expect_error plan-effective-batch "is not effective_batch" "$M" plan --model gpt2-1m --batch 2 --grad_accum 2 --effective_batch 6

@@ -3,13 +3,17 @@
  *  - all four transpose forms, beta 0 (C never read: it starts as NaN), 1
  *    and 0.5, alpha 1 and 0.25, leading dimensions wider than the matrices,
  *    on odd shapes and on shapes the matmul backend splits into column and
- *    K blocks (N and K above 1024, not multiples of any block), against a
+ *    K blocks (N and K above 1024, not multiples of any block), and on
+ *    shapes the onednn backend slices by rows and by columns across the
+ *    threads (MEMFIT_GEMM_SPLIT; test_sgemm_backends_unsplit runs it with
+ *    oneDNN threading each call), against a
  *    double-precision product: within K * 2^-22 of sum |a||b| + |beta c|;
  *  - with a planned scratch (mf_sgemm_scratch) of exactly
  *    mf_sgemm_scratch_bytes, nothing is written outside it;
  *  - a bad MEMFIT_GEMM name is refused with a message. */
 #include "memfit/core.h"
 #include "memfit/kernels.h"
+#include "memfit/train.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -68,8 +72,14 @@ static void run(const char *backend, int M, int N, int K, int ta, int tb, float 
 }
 
 int main(void) {
+    /* three threads: uneven slices, one of them a remainder (below) */
+    mf_threads_setup(3);
     const char *backends[] = {"matmul", "onednn", "openblas"};
-    const int shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {33, 65, 17}, {19, 2500, 37}, {23, 41, 2100}, {9, 1100, 1300}};
+    /* the onednn backend slices the longer of M and N into 16-aligned
+     * parts per thread: {70, 9, 33} is cut by rows (32, 32, 6), the wider
+     * ones by columns ({33, 65, 17}: 32, 32, 1) */
+    const int shapes[][3] = {{1, 1, 1},      {7, 13, 5},      {33, 65, 17},    {19, 2500, 37},
+                             {23, 41, 2100}, {9, 1100, 1300}, {70, 9, 33}};
     for (int b = 0; b < 3; b++) {
         CHECK(mf_sgemm_use(backends[b]) == 0, "%s", mf_error());
         CHECK(strcmp(mf_sgemm_name(), backends[b]) == 0, "backend %s reads as %s", backends[b], mf_sgemm_name());

@@ -115,8 +115,11 @@ void mf_scale(float *x, float s, size_t n);
  * if ta/tb; beta = 0 never reads C. Every fp32 product of the model goes
  * here (not the attention tiles). Backend (MEMFIT_GEMM = auto | onednn |
  * matmul | openblas): oneDNN's sgemm by default (auto); oneDNN's matmul
- * primitive, whose scratch is the caller's (below); or OpenBLAS.
- * mf_sgemm_init returns -1 (message via mf_error) for a bad MEMFIT_GEMM;
+ * primitive, whose scratch is the caller's (below); or OpenBLAS. With
+ * more than one thread the sgemm backend splits each call into one slice
+ * per thread itself (MEMFIT_GEMM_SPLIT = 1, default; 0: oneDNN threads
+ * each call). mf_sgemm_init returns -1 (message via mf_error) for a bad
+ * MEMFIT_GEMM or MEMFIT_GEMM_SPLIT;
  * mf_sgemm_name gives "onednn", "matmul" or "openblas"; mf_sgemm_use
  * switches backend (benches, tests; -1 for a bad name). */
 void mf_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,

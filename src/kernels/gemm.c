@@ -5,6 +5,15 @@
  *  - onednn (default): oneDNN's dnnl_sgemm, whose packing buffers are
  *    malloc'd inside the library on each call; the warm-up before the
  *    baseline (train.c) makes them runtime bytes the plan is checked with.
+ *    With more than one thread, memfit splits each product itself: the
+ *    longer of M and N is cut into one near-equal, 16-aligned slice per
+ *    thread, and each thread runs a single-threaded dnnl_sgemm on its slice
+ *    (strided views, no copies). One fork and one join per GEMM instead of
+ *    oneDNN's own partition and barriers; every element of C is computed by
+ *    one thread over the whole K, in the same order whatever the load, so
+ *    results are the same run to run. MEMFIT_GEMM_SPLIT=0 lets oneDNN
+ *    thread each call itself, as before (benches; docs/performance.md has
+ *    the measurements).
  *  - matmul: oneDNN's matmul primitive (dnnl_mm.h) with a user-managed
  *    scratchpad. During a step the model hands it a plan row
  *    (mf_sgemm_scratch), so the library keeps no buffers of its own: every
@@ -33,6 +42,7 @@
 enum { BK_MATMUL, BK_SGEMM, BK_OPENBLAS };
 static const char *const g_names[] = {"matmul", "onednn", "openblas"};
 static int g_backend = BK_SGEMM;
+static int g_split = 1; /* MEMFIT_GEMM_SPLIT: 0 = oneDNN threads each sgemm itself */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static char g_err[160];
 static void *g_scratch;
@@ -46,10 +56,16 @@ static int parse(const char *e) {
 }
 
 static void pick(void) {
+    const char *sp = getenv("MEMFIT_GEMM_SPLIT");
+    if (sp && *sp) {
+        if (strcmp(sp, "0") == 0) g_split = 0;
+        else if (strcmp(sp, "1") == 0) g_split = 1;
+        else snprintf(g_err, sizeof g_err, "MEMFIT_GEMM_SPLIT='%.40s' is not 0 or 1", sp);
+    }
     const char *e = getenv("MEMFIT_GEMM");
     int b = parse(e);
     if (b < 0) snprintf(g_err, sizeof g_err, "MEMFIT_GEMM='%.40s' is not auto, onednn, matmul or openblas", e);
-    else g_backend = b;
+    else if (!g_err[0]) g_backend = b;
 }
 
 int mf_sgemm_init(void) {
@@ -88,6 +104,35 @@ void mf_sgemm_scratch(void *p, size_t bytes) {
     g_scratch_bytes = p ? bytes : 0;
 }
 
+static void dnnl_one(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                     int ldb, float beta, float *C, int ldc) {
+    dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (st != dnnl_success)
+        mf_panic("oneDNN sgemm %dx%dx%d (%c%c) failed: status %d", M, N, K, ta ? 'T' : 'N', tb ? 'T' : 'N', (int)st);
+}
+
+/* Thread t of n computes rows (M >= N) or columns [lo, hi) of C, slices of
+ * ceil(len / n) rounded up to 16 (whole cache lines of C and of B's rows),
+ * with a single-threaded dnnl_sgemm (oneDNN runs sequentially inside an
+ * OpenMP region). A slice is op(A)'s rows lo.. (A + lo, or A + lo*lda when
+ * A is not transposed), or op(B)'s columns lo.. (B + lo, or B + lo*ldb
+ * when B is transposed). */
+static void dnnl_split(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc) {
+    const int rows = M >= N, len = rows ? M : N;
+#pragma omp parallel
+    {
+        const int n = omp_get_num_threads(), per = ((len + n - 1) / n + 15) / 16 * 16;
+        const int lo = omp_get_thread_num() * per, hi = lo + per < len ? lo + per : len;
+        if (lo < hi && rows)
+            dnnl_one(ta, tb, hi - lo, N, K, alpha, A + (ta ? (size_t)lo : (size_t)lo * lda), lda, B, ldb, beta,
+                     C + (size_t)lo * ldc, ldc);
+        else if (lo < hi)
+            dnnl_one(ta, tb, M, hi - lo, K, alpha, A, lda, B + (tb ? (size_t)lo * ldb : (size_t)lo), ldb, beta,
+                     C + lo, ldc);
+    }
+}
+
 void mf_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
               float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
@@ -110,9 +155,10 @@ void mf_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
         return;
     }
     if (g_backend != BK_OPENBLAS) {
-        dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        if (st != dnnl_success) mf_panic("oneDNN sgemm %dx%dx%d (%c%c) failed: status %d", M, N, K, ta ? 'T' : 'N',
-                                         tb ? 'T' : 'N', (int)st);
+        if (g_split && omp_get_max_threads() > 1 && !omp_in_parallel())
+            dnnl_split(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        else
+            dnnl_one(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
