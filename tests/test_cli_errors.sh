@@ -124,7 +124,7 @@ h['__metadata__'].pop('xxh3_64:' + name, None)
 hj = json.dumps(h).encode()
 open(dst, 'wb').write(struct.pack('<Q', len(hj)) + hj + bytes(data))
 PY
-expect_error huge-weight-names-tensor "first non-finite tensor (weights, activations, gradients): grads row grad\.[a-z0-9_.]* element [0-9]* is .*nan; weights all finite, largest h\.0\.ln_1\.weight element" \
+expect_error huge-weight-names-tensor "first non-finite tensor (weights, activations, gradients): gradient grad\.[a-z0-9_.]* element [0-9]* is .*nan; weights all finite, largest h\.0\.ln_1\.weight element" \
   "$M" train "${tiny[@]}" --data "$W/good.tok" --steps 3 --init "$W/huge.safetensors" --out_dir "$W/out_dir"
 
 # a failed run after good checkpoints leaves them intact: train, then ask to

@@ -154,37 +154,32 @@ static float row_at(const mf_buf *b, const void *p, int64_t j, int *ok) {
 }
 
 /* first non-finite element (maxabs 0) or largest |finite element| (maxabs 1) */
-static int scan_rows(const mf_arena *a, mf_cat cat, int maxabs, int64_t *idx, float *val) {
-    int best = -1;
-    float bv = -1;
-    for (int i = 0; i < a->plan->n; i++) {
-        const mf_buf *b = &a->plan->bufs[i];
-        if (b->cat != cat || b->disk || !a->live[i]) continue;
-        const void *p = a->base + b->offset;
-        for (int64_t j = 0; j < b->numel; j++) {
-            int ok;
-            float v = row_at(b, p, j, &ok);
-            if (!ok) break;
-            if (!maxabs && !isfinite(v)) {
-                *idx = j;
-                *val = v;
-                return i;
-            }
-            if (maxabs && isfinite(v) && fabsf(v) > bv) {
-                bv = fabsf(v);
-                best = i;
-                *idx = j;
-                *val = v;
-            }
+static int scan_row(const mf_arena *a, int id, int maxabs, int64_t *idx, float *val) {
+    if (id < 0 || id >= a->plan->n) return 0;
+    const mf_buf *b = &a->plan->bufs[id];
+    if (b->disk || !a->live[id]) return 0;
+    const void *p = a->base + b->offset;
+    int found = 0;
+    float best = -1;
+    for (int64_t j = 0; j < b->numel; j++) {
+        int ok;
+        float v = row_at(b, p, j, &ok);
+        if (!ok) return 0;
+        if (!maxabs && !isfinite(v)) {
+            *idx = j;
+            *val = v;
+            return 1;
+        }
+        if (maxabs && isfinite(v) && fabsf(v) > best) {
+            best = fabsf(v);
+            found = 1;
+            *idx = j;
+            *val = v;
         }
     }
-    return best;
+    return found;
 }
 
-int mf_arena_find_nonfinite(const mf_arena *a, mf_cat cat, int64_t *idx, float *val) {
-    return scan_rows(a, cat, 0, idx, val);
-}
+int mf_arena_row_nonfinite(const mf_arena *a, int id, int64_t *idx, float *val) { return scan_row(a, id, 0, idx, val); }
 
-int mf_arena_find_maxabs(const mf_arena *a, mf_cat cat, int64_t *idx, float *val) {
-    return scan_rows(a, cat, 1, idx, val);
-}
+int mf_arena_row_maxabs(const mf_arena *a, int id, int64_t *idx, float *val) { return scan_row(a, id, 1, idx, val); }

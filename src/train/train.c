@@ -600,40 +600,6 @@ int mf_trainer_step(mf_trainer *t, mf_step_stats *st) {
     return mf_trainer_step_rows(t, rows, T, st);
 }
 
-/* A step whose loss or gradient norm is not finite: names the first NaN or
- * infinity in forward order (weights, then the step's activations still in
- * the arena, then gradients), so the message points at a tensor instead of
- * guessing at the learning rate. Runs only after the step went bad. */
-static int fail_nonfinite(mf_trainer *t, double loss, double norm, int uib) {
-    static const mf_cat order[] = {MF_CAT_PARAMS, MF_CAT_MASTER, MF_CAT_ADAPTER, MF_CAT_ACTS, MF_CAT_GRADS};
-    const mf_plan *p = t->arena.plan;
-    char what[192] = "none in the weights, gradients or activations still in memory (an intermediate overflowed)";
-    char big[192] = "";
-    size_t k = 0;
-    for (; k < sizeof order / sizeof order[0]; k++) {
-        int64_t j = 0;
-        float v = 0;
-        int id = mf_arena_find_nonfinite(&t->arena, order[k], &j, &v);
-        if (id < 0) continue;
-        snprintf(what, sizeof what, "%s row %s element %lld is %g", mf_cat_name(order[k]), p->bufs[id].name,
-                 (long long)j, (double)v);
-        break;
-    }
-    if (k > 2) {
-        /* the weights are finite: a huge one overflows in the forward */
-        int64_t j = 0;
-        float v = 0;
-        int id = mf_arena_find_maxabs(&t->arena, MF_CAT_PARAMS, &j, &v);
-        if (id >= 0)
-            snprintf(big, sizeof big, "; weights all finite, largest %s element %lld = %g", p->bufs[id].name,
-                     (long long)j, (double)v);
-    }
-    return mf_fail("step %d: loss or gradient is not finite (loss %g, grad norm %g); first non-finite tensor "
-                   "(weights, activations, gradients): %s%s%s", t->step + 1, loss, norm, what, big,
-                   uib ? " (update_in_backward: tensors updated before the bad gradient keep their update; "
-                         "resume from the last checkpoint)" : "");
-}
-
 int mf_trainer_step_rows(mf_trainer *t, int rows, int T, mf_step_stats *st) {
     if (t->mode != MF_MODE_TRAIN) return mf_fail("this trainer was set up for inference");
     double t0 = mf_time_now();
@@ -683,7 +649,7 @@ int mf_trainer_step_rows(mf_trainer *t, int rows, int T, mf_step_stats *st) {
         if (st) st->tok_s = tokens / st->seconds;
         return 0;
     }
-    if (!isfinite(loss) || !isfinite(norm)) return fail_nonfinite(t, loss, norm, uib);
+    if (!isfinite(loss) || !isfinite(norm)) return mf_trainer_fail_nonfinite(t, loss, norm);
     float gscale = mf_clip_scale(norm, t->cfg.grad_clip);
     if (t->off) {
         /* tensors without state (sgd, no momentum) update in place; the
