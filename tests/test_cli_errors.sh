@@ -108,6 +108,25 @@ expect_error adapter-deeper "no tensor" "$M" train "${tiny[@]}" --n_layer 3 --da
 expect_error merge-args "merge needs --model-file" "$M" merge --adapter "$W/ad4"
 expect_error merge-mismatch "match no weight" "$M" merge --model-file "$W/base1/model.safetensors" --adapter "$W/ad4" --out "$W/m.safetensors"
 expect_error merge-no-adapter "adapter_config.json" "$M" merge --model-file "$W/base1/model.safetensors" --adapter "$W/none" --out "$W/m.safetensors"
+# a finite but huge weight (3e38, near float's largest) overflows in the
+# forward: the loaders accept it (finite, checksum dropped as another tool's
+# file would have none), the step's loss is NaN, and the message names the
+# first non-finite tensor and the huge weight instead of blaming the lr
+python3 - "$W/base1/model.safetensors" "$W/huge.safetensors" h.0.ln_1.weight 3e38 <<'PY' || { echo "FAIL: writing huge.safetensors"; fail=1; }
+import json, struct, sys
+src, dst, name, val = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+b = open(src, 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+data = bytearray(b[8 + n:])
+lo, hi = h[name]['data_offsets']
+data[lo:hi] = struct.pack('<%df' % ((hi - lo) // 4), *([val] * ((hi - lo) // 4)))
+h['__metadata__'].pop('xxh3_64:' + name, None)
+hj = json.dumps(h).encode()
+open(dst, 'wb').write(struct.pack('<Q', len(hj)) + hj + bytes(data))
+PY
+expect_error huge-weight-names-tensor "first non-finite tensor (weights, activations, gradients): gradient grad\.[a-z0-9_.]* element [0-9]* is .*nan; weights all finite, largest h\.0\.ln_1\.weight element" \
+  "$M" train "${tiny[@]}" --data "$W/good.tok" --steps 3 --init "$W/huge.safetensors" --out_dir "$W/out_dir"
 
 # a failed run after good checkpoints leaves them intact: train, then ask to
 # write into a read-only place is hard as root, so corrupt the resume input

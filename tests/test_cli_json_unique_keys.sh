@@ -5,7 +5,10 @@
 # is how `estimate --json` once lost the optimizer's name), and no NaN or
 # Infinity (not JSON). Covered: estimate --json (plain, bf16, LoRA, budget
 # with recompute auto, ZeRO), plan --json, train --metrics, --trace, and
-# the config.json / adapter_config.json a run writes.
+# the config.json / adapter_config.json a run writes. Then every estimate,
+# plan and --metrics line is validated against its schema under
+# docs/schemas/ (python3-jsonschema, draft 2020-12; additionalProperties
+# false, so a key memfit prints but the schema does not document fails).
 set -u
 M=${MEMFIT_BIN:?}
 W=$(mktemp -d /tmp/memfit-json-XXXXXX)
@@ -33,6 +36,9 @@ TINY="--n_layer 2 --n_embd 64 --n_head 4 --block_size 32 --seq 32 --batch 4 --da
 "$M" train --model llama-tiny $TINY --n_kv_head 2 --intermediate_size 128 --tokenizer bytes --steps 1 --val_every 0 \
   --sample_tokens 0 --out_dir "$W/out" --lora r=2 --save_adapter "$W/ad" > "$W/train2.txt" 2>&1 \
   || { echo "FAIL train llama-tiny"; cat "$W/train2.txt"; fail=1; }
+# fp16 with a budget: the metrics lines' loss-scaler and health keys
+"$M" train --model gpt2-1m $TINY --steps 2 --val_every 0 --sample_tokens 0 --precision fp16 --budget 1GiB \
+  --metrics "$W/m2.jsonl" > "$W/train3.txt" 2>&1 || { echo "FAIL train fp16"; cat "$W/train3.txt"; fail=1; }
 
 $PY - "$W" <<'PY' || fail=1
 import glob, json, os, sys
@@ -67,6 +73,50 @@ for x in need:
 e = parse(open(W + "/est1.json").read())
 if not (e.get("optimizer") == "adamw" and isinstance(e.get("optimizer_state"), (int, float)) and e["optimizer_state"] == e["bytes"]["optim"]):
     print("FAIL estimate: optimizer is the name, optimizer_state the bytes"); bad = 1
+sys.exit(bad)
+PY
+
+# the documented shape: each output against its schema
+SCHEMAS=$(cd "$(dirname "${BASH_SOURCE[0]}")/../docs/schemas" && pwd)
+$PY - "$W" "$SCHEMAS" <<'PY' || fail=1
+import copy, glob, json, os, sys
+try:
+    import jsonschema
+except ImportError:
+    print("FAIL python3-jsonschema is missing (scripts/install_deps.sh test installs it)"); sys.exit(1)
+W, S = sys.argv[1], sys.argv[2]
+def validator(name):
+    s = json.load(open(os.path.join(S, name + ".schema.json")))
+    jsonschema.Draft202012Validator.check_schema(s)
+    return jsonschema.Draft202012Validator(s)
+groups = [("estimate", sorted(glob.glob(W + "/est*.json"))), ("plan", sorted(glob.glob(W + "/plan*.json"))),
+          ("metrics-line", sorted(glob.glob(W + "/m*.jsonl")))]
+bad = 0
+for schema, files in groups:
+    v = validator(schema)
+    if not files: print("FAIL no output for schema %s" % schema); bad = 1
+    for f in files:
+        docs = [json.loads(l) for l in open(f) if l.strip()] if f.endswith(".jsonl") else [json.load(open(f))]
+        errs = [e for d in docs for e in v.iter_errors(d)]
+        for e in errs[:3]: print("FAIL %s against %s.schema.json: %s at %s" % (os.path.basename(f), schema, e.message, list(e.path)))
+        if errs: bad = 1
+        else: print("ok   %s matches docs/schemas/%s.schema.json" % (os.path.basename(f), schema))
+# the schemas must refuse what they are here to refuse: an undocumented key
+# (top level and nested), a missing key, a wrong type
+def refuses(schema, doc, what):
+    global bad
+    if validator(schema).is_valid(doc): print("FAIL %s.schema.json accepted %s" % (schema, what)); bad = 1
+e = json.load(open(W + "/est1.json"))
+x = copy.deepcopy(e); x["undocumented"] = 1; refuses("estimate", x, "an undocumented key")
+x = copy.deepcopy(e); x["bytes"]["undocumented"] = 1; refuses("estimate", x, "an undocumented category")
+x = copy.deepcopy(e); x["layers"][0]["undocumented"] = 1; refuses("estimate", x, "an undocumented layer key")
+x = copy.deepcopy(e); del x["arena"]; refuses("estimate", x, "a missing key")
+x = copy.deepcopy(e); x["total"] = "1 GiB"; refuses("estimate", x, "a string for bytes")
+p = json.load(open(W + "/plan1.json"))
+x = copy.deepcopy(p); x["settings"][0]["undocumented"] = 1; refuses("plan", x, "an undocumented setting key")
+m = json.loads(open(W + "/m.jsonl").readline())
+x = dict(m, undocumented=1); refuses("metrics-line", x, "an undocumented key")
+x = dict(m); del x["seq"]; refuses("metrics-line", x, "rows without seq")
 sys.exit(bad)
 PY
 [ $fail -eq 0 ] && echo "test_cli_json_unique_keys: ok"

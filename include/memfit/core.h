@@ -187,6 +187,14 @@ void *mf_arena_get(mf_arena *a, int id);
 void *mf_arena_ptr(const mf_arena *a, int id);
 /* Installs (or with fn NULL removes) the phase hook. */
 void mf_arena_set_phase_hook(mf_arena *a, mf_arena_phase_fn fn, void *ctx);
+/* Scans row `id` when it is live now (counted in the ledger, so its bytes
+ * are its own) and F32, BF16 or F16: mf_arena_row_nonfinite finds its first
+ * NaN or infinity, mf_arena_row_maxabs its finite element of largest
+ * magnitude; each returns 1 with *idx and *val set, else 0. For messages
+ * after a step went non-finite: they read the whole row, so they stay off
+ * the normal path. */
+int mf_arena_row_nonfinite(const mf_arena *a, int id, int64_t *idx, float *val);
+int mf_arena_row_maxabs(const mf_arena *a, int id, int64_t *idx, float *val);
 
 /* ---- misc ------------------------------------------------------------ */
 

@@ -140,6 +140,13 @@ void mf_trainer_step_shape(const mf_trainer *t, int step, int *rows, int *T);
  * identical (to float round-off) to one pass over the whole batch. Fails
  * with a message when one sequence of T tokens cannot fit the plan. */
 int mf_trainer_step_rows(mf_trainer *t, int rows, int T, mf_step_stats *st);
+/* After a step whose loss or gradient norm is not finite: sets the error to
+ * one line naming the first NaN or infinity in forward order (weights, the
+ * step's activations still in the arena, gradients) by plan row, element and
+ * value, and when the weights are finite their largest element; returns -1.
+ * Reads every such row, so it runs only once the step went bad
+ * (src/train/nonfinite.c). */
+int mf_trainer_fail_nonfinite(mf_trainer *t, double loss, double norm);
 /* The forward/backward part of mf_trainer_step_rows: zeroes the gradients,
  * accumulates those of the batch (loss times lscale), sets *loss to its mean
  * loss; returns the number of micro-batches, or -1 with mf_error set. */

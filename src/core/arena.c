@@ -6,6 +6,7 @@
  * when its lifetime ends, so "ledger peak == planned peak" checks that the
  * code uses exactly the buffers the plan declares, when it declares them. */
 #include "memfit/core.h"
+#include "memfit/half.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -141,3 +142,44 @@ void *mf_arena_ptr(const mf_arena *a, int id) {
     if (a->plan->bufs[id].disk) mf_panic("arena: buffer %s lives in the offload file", a->plan->bufs[id].name);
     return a->base + a->plan->bufs[id].offset;
 }
+
+/* element j of a float row as float; 0 with *ok = 0 for other dtypes */
+static float row_at(const mf_buf *b, const void *p, int64_t j, int *ok) {
+    *ok = 1;
+    if (b->dtype == MF_DTYPE_F32) return ((const float *)p)[j];
+    if (b->dtype == MF_DTYPE_BF16) return mf_bf16_to_f32(((const mf_bf16 *)p)[j]);
+    if (b->dtype == MF_DTYPE_F16) return mf_fp16_to_f32(((const mf_fp16 *)p)[j]);
+    *ok = 0;
+    return 0;
+}
+
+/* first non-finite element (maxabs 0) or largest |finite element| (maxabs 1) */
+static int scan_row(const mf_arena *a, int id, int maxabs, int64_t *idx, float *val) {
+    if (id < 0 || id >= a->plan->n) return 0;
+    const mf_buf *b = &a->plan->bufs[id];
+    if (b->disk || !a->live[id]) return 0;
+    const void *p = a->base + b->offset;
+    int found = 0;
+    float best = -1;
+    for (int64_t j = 0; j < b->numel; j++) {
+        int ok;
+        float v = row_at(b, p, j, &ok);
+        if (!ok) return 0;
+        if (!maxabs && !isfinite(v)) {
+            *idx = j;
+            *val = v;
+            return 1;
+        }
+        if (maxabs && isfinite(v) && fabsf(v) > best) {
+            best = fabsf(v);
+            found = 1;
+            *idx = j;
+            *val = v;
+        }
+    }
+    return found;
+}
+
+int mf_arena_row_nonfinite(const mf_arena *a, int id, int64_t *idx, float *val) { return scan_row(a, id, 0, idx, val); }
+
+int mf_arena_row_maxabs(const mf_arena *a, int id, int64_t *idx, float *val) { return scan_row(a, id, 1, idx, val); }

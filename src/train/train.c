@@ -649,10 +649,7 @@ int mf_trainer_step_rows(mf_trainer *t, int rows, int T, mf_step_stats *st) {
         if (st) st->tok_s = tokens / st->seconds;
         return 0;
     }
-    if (!isfinite(loss) || !isfinite(norm))
-        return mf_fail("step %d: loss or gradient is not finite (loss %g, grad norm %g); lower lr%s", t->step + 1, loss,
-                       norm, uib ? " (update_in_backward: tensors updated before the bad gradient keep their update; "
-                                   "resume from the last checkpoint)" : "");
+    if (!isfinite(loss) || !isfinite(norm)) return mf_trainer_fail_nonfinite(t, loss, norm);
     float gscale = mf_clip_scale(norm, t->cfg.grad_clip);
     if (t->off) {
         /* tensors without state (sgd, no momentum) update in place; the
