@@ -25,8 +25,15 @@ head -c 60000 /dev/urandom | base64 > "$W/c.txt"
 TINY="--model gpt2-1m --n_layer 2 --n_embd 64 --n_head 4 --block_size 32 --seq 32 --batch 4 --data $W/c.tok
       --progress 0 --val_every 0 --sample_tokens 0 --threads 1 --warmup 0 --min_lr_frac 1"
 
-# waits until FILE has at least N lines (a run's metrics), at most 60 s
-wait_lines() { for _ in $(seq 600); do [ -f "$1" ] && [ "$(wc -l < "$1")" -ge "$2" ] && return 0; sleep 0.1; done; return 1; }
+# waits until FILE has at least N lines (a run's metrics), at most 60 s, or
+# until the run (pid, optional third argument) has exited
+wait_lines() {
+  for _ in $(seq 600); do
+    [ -f "$1" ] && [ "$(wc -l < "$1")" -ge "$2" ] && return 0
+    [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null && return 1
+    sleep 0.1
+  done; return 1
+}
 # the loss of every metrics line, "step loss" per line
 losses() { $PY -c 'import json,sys; [print(d["step"], repr(d["loss"])) for d in map(json.loads, open(sys.argv[1])) if "loss" in d]' "$1"; }
 
@@ -76,14 +83,17 @@ kill -TERM $pc; sleep 0.2; kill -TERM $pc; wait $pc; rc=$?  # apart: two pending
 check "second SIGTERM: exits at once with 143 and says so" "[ $rc -eq 143 ] && grep -q 'second signal: stopping at once' '$W/c.txt' && ! grep -q '^stopped by' '$W/c.txt'"
 
 # ---- kill -9 at random moments, --ckpt_every 1, then --resume auto ---------
-STEPS=40
+# enough steps that five kills at random moments never reach the end of the
+# run (with 40, a fast machine finished the run in the third round, the last
+# kills hit nothing and each such round waited out wait_lines' 60 s)
+STEPS=200
 "$M" train $TINY --steps $STEPS --metrics "$W/full.jsonl" > /dev/null 2>&1
 kills=0; resumed=0; removed=0
 for k in 1 2 3 4 5; do
   "$M" train $TINY --steps $STEPS --ckpt_every 1 --out_dir "$W/k" --resume auto --metrics "$W/k$k.jsonl" > "$W/k$k.txt" 2>&1 &
   pk=$!; pids+=($pk)
   # a random moment after step 1's checkpoint (mostly inside a checkpoint write: they dominate these steps)
-  wait_lines "$W/k$k.jsonl" 2
+  wait_lines "$W/k$k.jsonl" 2 $pk
   sleep "0.0$((RANDOM % 10))"
   kill -9 $pk 2>/dev/null && kills=$((kills + 1)); wait $pk 2>/dev/null
   # a writer killed between open and rename leaves its temp file; make sure one is there each round
@@ -92,7 +102,7 @@ for k in 1 2 3 4 5; do
   grep -q '^removed [0-9]* stale temp file' "$W/k$k.txt" && removed=$((removed + 1))
 done
 "$M" train $TINY --steps $STEPS --ckpt_every 1 --out_dir "$W/k" --resume auto --metrics "$W/kend.jsonl" > "$W/kend.txt" 2>&1
-check "kill -9 x$kills: the last run resumes and finishes" "[ $? -eq 0 ] && grep -q '^resume auto: resuming from' '$W/kend.txt'"
+check "kill -9 x$kills: the last run resumes and finishes" "[ $? -eq 0 ] && [ $kills -eq 5 ] && grep -q '^resume auto: resuming from' '$W/kend.txt'"
 check "kill -9: every restart resumed ($resumed of 4)" "[ $resumed -eq 4 ]"
 check "kill -9: start-up removed the dead writers' temp files, in one line" \
   "[ $removed -eq 4 ] && grep -c '^removed [0-9]* stale temp file.*left by processes that are gone' '$W/kend.txt' | grep -qx 1"
