@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages memfit needs, only those missing.
 #   install_deps.sh build   compiler, CMake, OpenBLAS (OpenMP), oneDNN, libyaml, cJSON, PCRE2, xxHash, Open MPI, npm
-#   install_deps.sh test    the above plus PyTorch (the reference), jsonschema (JSON output schemas), Node.js and xmllint (report tests)
+#   install_deps.sh test    the above plus PyTorch (the reference), jsonschema (JSON output schemas), Node.js and
+#                           xmllint (report tests), clang-14 with its libFuzzer runtime (the fuzz smoke test)
 set -euo pipefail
 what=${1:-build}
 pkgs=(build-essential cmake pkg-config libopenblas0-openmp libopenblas-openmp-dev libdnnl-dev libyaml-dev
       libcjson-dev libpcre2-dev libxxhash-dev openmpi-bin libopenmpi-dev ca-certificates)
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 if [ "$what" = test ]; then
-  pkgs+=(python3-torch python3-numpy python3-jsonschema libxml2-utils)
+  pkgs+=(python3-torch python3-numpy python3-jsonschema libxml2-utils clang-14 libclang-rt-14-dev)
   command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
 fi
 missing=()
