@@ -24,6 +24,7 @@ typedef struct {
     char model[32];           /* preset name */
     int n_layer, n_embd, n_head, block_size, vocab_size; /* 0 = from preset */
     int n_kv_head, intermediate_size; /* Llama family: KV heads, MLP width (0 = preset's) */
+    int share_layers;         /* cross-layer sharing: N distinct block weight sets, block i uses set i % N (0 = none) */
     char tokenizer[MF_PATH_MAX]; /* gpt2 | bytes | PATH/tokenizer.json | "" (preset's, or --init DIR's tokenizer.json) */
     /* batch */
     int batch, seq, grad_accum, steps;

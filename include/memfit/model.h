@@ -47,6 +47,8 @@ typedef struct {
     double rope_theta;
     mf_rope_scaling rope; /* rope_scaling (type MF_ROPE_NONE: none) */
     char hf_arch[32];     /* HF architectures[0] written into config.json */
+    int share;            /* cross-layer sharing: the L blocks use `share` weight sets, block l uses set
+                           * l % share (ALBERT); 0 = none (every block its own); divides L */
     char tokenizer[MF_PATH_MAX]; /* the run's tokenizer: gpt2, bytes, or a tokenizer.json's path */
 } mf_dims;
 
@@ -87,8 +89,13 @@ int64_t mf_model_block_matmul_params(const mf_dims *d);
 /* Attention score FLOPs of one block's forward on B sequences of T tokens
  * (QK^T and PV; the sliding window's skipped part excluded). */
 double mf_model_attention_flops(const mf_dims *d, int B, int T);
-/* Parameters as Hugging Face counts them (unpadded vocabulary). */
+/* Parameters as Hugging Face counts them (unpadded vocabulary; a shared
+ * model counts its weight sets once). */
 int64_t mf_model_n_params(const mf_dims *d);
+/* Cross-layer sharing: the distinct block weight sets (d->share, or L
+ * unshared) and the set block l reads and writes (l % share). */
+static inline int mf_model_weight_sets(const mf_dims *d) { return d->share ? d->share : d->L; }
+static inline int mf_model_weight_set(const mf_dims *d, int l) { return d->share ? l % d->share : l; }
 
 typedef enum { MF_MODE_TRAIN, MF_MODE_INFER } mf_mode;
 

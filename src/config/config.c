@@ -34,6 +34,7 @@ typedef struct {
 static const key_row keys[] = {
     {"model", T_STR, S(model), "gpt2-10m", 0, 0, "model preset: gpt2-1m, gpt2-10m, gpt2-124m, gpt2-350m, llama-tiny, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, tinyllama-1.1b, mistral-7b (memfit estimate --help lists them); --init DIR takes the shape from DIR/config.json instead"},
     {"n_layer", T_INT, F(n_layer), 0, "0", 0, 1024, "transformer blocks (0 = preset's)"},
+    {"share_layers", T_INT, F(share_layers), 0, "0", 0, 1024, "cross-layer parameter sharing (ALBERT): the n_layer blocks use N distinct weight sets repeated in order, block i uses set i % N; N must divide n_layer; params, grads and optimizer state shrink by n_layer/N, activations do not (0 = no sharing; docs/sharing.md)"},
     {"n_embd", T_INT, F(n_embd), 0, "0", 0, 65536, "embedding width C (0 = preset's)"},
     {"n_head", T_INT, F(n_head), 0, "0", 0, 1024, "attention heads; must divide n_embd (0 = preset's)"},
     {"n_kv_head", T_INT, F(n_kv_head), 0, "0", 0, 1024, "Llama family: key/value heads, must divide n_head (0 = preset's)"},

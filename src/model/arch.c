@@ -60,6 +60,10 @@ int mf_model_dims_check(mf_dims *d) {
     if (d->L < 1 || d->C < 1 || d->NH < 1 || d->maxT < 1 || d->V < 2)
         return mf_fail("model dimensions must be positive (n_layer %d, n_embd %d, n_head %d, block_size %d, vocab %d)",
                        d->L, d->C, d->NH, d->maxT, d->V);
+    if (d->share < 0 || d->share > d->L || (d->share && d->L % d->share))
+        return mf_fail("share_layers %d must divide n_layer %d (each of the N weight sets is used n_layer/N times)",
+                       d->share, d->L);
+    if (d->share == d->L) d->share = 0;  /* L sets for L blocks: no sharing */
     if (d->arch == MF_ARCH_GPT2) {
         if (d->C % d->NH) return mf_fail("n_head %d does not divide n_embd %d", d->NH, d->C);
         d->NKV = d->NH, d->hd = d->C / d->NH, d->ffn = 4 * d->C, d->tied = 1, d->qkv_bias = 0, d->window = 0;
@@ -121,6 +125,7 @@ int mf_model_dims(const mf_config *cfg, mf_dims *d) {
         d->hd = d->C / d->NH;
     }
     if (cfg->block_size) d->maxT = cfg->block_size;
+    if (cfg->share_layers) d->share = cfg->share_layers;
     if (snprintf(d->tokenizer, sizeof d->tokenizer, "%s", cfg->tokenizer[0] ? cfg->tokenizer : tokdef) >=
         (int)sizeof d->tokenizer)
         return mf_fail("tokenizer path %s/tokenizer.json is too long", cfg->init);
@@ -158,15 +163,15 @@ double mf_model_attention_flops(const mf_dims *d, int B, int T) {
 }
 
 int64_t mf_model_n_params(const mf_dims *d) {
-    int64_t C = d->C;
+    int64_t C = d->C, sets = mf_model_weight_sets(d);
     if (d->arch == MF_ARCH_GPT2)
-        return (int64_t)d->V * C + (int64_t)d->maxT * C + d->L * (12 * C * C + 13 * C) + 2 * C;
+        return (int64_t)d->V * C + (int64_t)d->maxT * C + sets * (12 * C * C + 13 * C) + 2 * C;
     int64_t blk = mf_model_block_matmul_params(d) + 2 * C +
                   (d->qkv_bias ? (int64_t)(d->NH + 2 * d->NKV) * d->hd : 0);
-    return (int64_t)d->V * C * (d->tied ? 1 : 2) + d->L * blk + C;
+    return (int64_t)d->V * C * (d->tied ? 1 : 2) + sets * blk + C;
 }
 
-int mf_model_dims_str(const mf_dims *d, char *buf, size_t n) {
+static int dims_str_base(const mf_dims *d, char *buf, size_t n) {
     /* GPT-2 keeps the form its checkpoints have always had */
     if (d->arch == MF_ARCH_GPT2) return snprintf(buf, n, "%d,%d,%d,%d,%d", d->L, d->C, d->NH, d->maxT, d->V);
     return snprintf(buf, n, "llama:%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.9g,%.17g,%d,%.9g,%.9g,%.9g,%d,%s", d->L, d->C,
@@ -176,9 +181,28 @@ int mf_model_dims_str(const mf_dims *d, char *buf, size_t n) {
                     d->hf_arch[0] ? d->hf_arch : "LlamaForCausalLM");
 }
 
-int mf_model_dims_parse(const char *s, mf_dims *d) {
+/* A shared model's shape ends in ";share=N" (N weight sets for the L
+ * blocks), so a file that holds N sets of block tensors says so, and an
+ * unshared model's string is what it always was. */
+int mf_model_dims_str(const mf_dims *d, char *buf, size_t n) {
+    int k = dims_str_base(d, buf, n);
+    if (!d->share || k < 0 || (size_t)k >= n) return k;
+    return k + snprintf(buf + k, n - (size_t)k, ";share=%d", d->share);
+}
+
+int mf_model_dims_parse(const char *s0, mf_dims *d) {
     memset(d, 0, sizeof *d);
-    if (!s) return mf_fail("no dims");
+    if (!s0) return mf_fail("no dims");
+    char s[512];
+    int share = 0;
+    if (snprintf(s, sizeof s, "%s", s0) >= (int)sizeof s) return mf_fail("dims '%.64s...' are too long", s0);
+    char *sc = strchr(s, ';');
+    if (sc) {
+        int used = 0;
+        if (sscanf(sc, ";share=%d%n", &share, &used) != 1 || sc[used] || share < 1)
+            return mf_fail("dims '%s': '%s' is not ';share=N'", s0, sc);
+        *sc = 0;
+    }
     if (strncmp(s, "llama:", 6) == 0) {
         int rt = 0, used = 0;
         double eps = 0, f = 0, lo = 0, hi = 0;
@@ -193,6 +217,7 @@ int mf_model_dims_parse(const char *s, mf_dims *d) {
     } else if (sscanf(s, "%d,%d,%d,%d,%d", &d->L, &d->C, &d->NH, &d->maxT, &d->V) != 5)
         return mf_fail("dims '%s' are not a model shape", s);
     else d->arch = MF_ARCH_GPT2, d->eps = 1e-5f;
+    d->share = share;
     return mf_model_dims_check(d);
 }
 

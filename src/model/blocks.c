@@ -39,7 +39,7 @@
 #include <string.h>
 
 #define BUF(id) ((float *)mf_arena_get(a, (id)))
-#define LT_I(l, k) (m->t_layer0 + (l) * m->nlt + m->lt[k])
+#define LT_I(l, k) (m->t_layer0 + mf_model_weight_set(&m->d, l) * m->nlt + m->lt[k])  /* shared: l's set */
 #define LP(l, k) (void *)mf_model_tensor_p(m, a, LT_I(l, k))
 #define LG(l, k) mf_model_tensor_g(m, a, LT_I(l, k))
 /* an optional tensor (biases) */

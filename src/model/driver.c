@@ -174,7 +174,7 @@ static void params_need(mf_model *m, mf_arena *a, int first, int n) {
 /* ZeRO 3: starts gathering block l's parameters (for the next phase: the
  * block above in forward, below in backward) while this phase computes */
 static void params_prefetch(mf_model *m, mf_arena *a, int l) {
-    int first = m->t_layer0 + l * m->nlt;
+    int first = m->t_layer0 + mf_model_weight_set(&m->d, l) * m->nlt;
     if (l < 0 || l >= m->d.L || !m->prefetch || m->tensors[first].ps < 0 || m->comm_err) return;
     if (mf_zero_params_prefetch(m, a, first, m->nlt)) m->comm_err = 1;
     else m->pf_first = first;
@@ -202,7 +202,7 @@ static void sgemm_scratch(const mf_model *m, mf_arena *a) {
 static void layer_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute, int write_out) {
     if (!recompute) {
         mf_arena_phase(a, mf_phase_layer_fwd(m, l));
-        params_need(m, a, m->t_layer0 + l * m->nlt, m->nlt);
+        params_need(m, a, m->t_layer0 + mf_model_weight_set(&m->d, l) * m->nlt, m->nlt);
         params_prefetch(m, a, l + 1);
     }
     sgemm_scratch(m, a);
@@ -350,9 +350,9 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
     grads_done(m, LNF_W, m->n_normf);
     for (int l = L - 1; l >= 0; l--) {
         mf_arena_phase(a, mf_phase_layer_bwd(m, l));
-        params_need(m, a, m->t_layer0 + l * m->nlt, m->nlt);
+        params_need(m, a, m->t_layer0 + mf_model_weight_set(&m->d, l) * m->nlt, m->nlt);
         params_prefetch(m, a, l - 1);
-        grads_start(m, a, m->t_layer0 + l * m->nlt, m->nlt);
+        grads_start(m, a, m->t_layer0 + mf_model_weight_set(&m->d, l) * m->nlt, m->nlt);
         sgemm_scratch(m, a);
         int sg = m->seg, s0 = sg ? l / sg * sg : 0;
         if (sg && l == (s0 + sg - 1 < L - 1 ? s0 + sg - 1 : L - 1)) {
@@ -362,7 +362,7 @@ void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {
         }
         if (l < m->auto_k) layer_forward(m, a, l, B, T, 1, 0);
         mf_block_backward(m, a, l, B, T);
-        grads_done(m, m->t_layer0 + l * m->nlt, m->nlt);
+        grads_done(m, m->t_layer0 + mf_model_weight_set(&m->d, l) * m->nlt, m->nlt);
     }
     mf_sgemm_scratch(NULL, 0);
     mf_arena_phase(a, mf_phase_emb_bwd(m));

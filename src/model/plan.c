@@ -339,7 +339,7 @@ static void declare_gpt2_tensors(mf_model *m, adder *ad) {
                                                 MF_LT_LN2, MF_LT_LN2B, MF_LT_GATE, MF_LT_GATEB, MF_LT_DOWN, MF_LT_DOWNB};
     for (int k = 0; k < MF_LT_COUNT; k++) m->lt[k] = -1;
     for (int k = 0; k < MF_LAYER_TENSORS; k++) m->lt[order[k]] = k;
-    for (int l = 0; l < d->L; l++) {
+    for (int l = 0; l < mf_model_weight_sets(d); l++) {  /* shared: only the sets exist */
         char nm[48];
 #define LT(suffix, nd, a0, a1, dec) \
         snprintf(nm, sizeof nm, "h.%d." suffix, l); add_tensor(m, ad, nm, l, nd, a0, a1, a0, dec)
@@ -384,7 +384,7 @@ static void declare_llama_tensors(mf_model *m, adder *ad) {
         m->lt[k] = k > MF_LT_DOWN || (bias && !d->qkv_bias) ? -1 : n++;
     }
     m->nlt = n;
-    for (int l = 0; l < d->L; l++)
+    for (int l = 0; l < mf_model_weight_sets(d); l++)  /* shared: only the sets exist */
         for (int k = 0; k < MF_LT_COUNT; k++) {
             if (m->lt[k] < 0) continue;
             char nm[96];
@@ -423,6 +423,19 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         if (mode == MF_MODE_TRAIN && opt->compute != MF_DTYPE_F32)
             return mf_fail("lora: --precision %s is not supported with LoRA yet (use fp32 compute; --base_dtype stores the "
                            "frozen base in bf16, int8 or nf4)", opt->compute == MF_DTYPE_BF16 ? "bf16" : "fp16");
+    }
+    if (d->share && d->share < d->L) {
+        /* cross-layer sharing: a set's gradient is complete only after its
+         * last use in backward (its first block), so the paths that finish
+         * a gradient per layer (update in backward, ZeRO 2/3's per-layer
+         * rows) and LoRA's per-layer adapters are refused, not approximated */
+        if (lora && lora->r > 0) return mf_fail("share_layers %d: LoRA on a shared model is not supported; drop one", d->share);
+        if (mode == MF_MODE_TRAIN && opt->in_backward)
+            return mf_fail("share_layers %d: update_in_backward is not supported (a shared set's gradient is complete only "
+                           "after its first block's backward); drop one", d->share);
+        if (mode == MF_MODE_TRAIN && opt->zero >= 2 && opt->world > 1)
+            return mf_fail("share_layers %d: zero %d is not supported (per-layer gradient and parameter rows); use zero 0 "
+                           "or 1", d->share, opt->zero);
     }
     int llama = d->arch == MF_ARCH_LLAMA;
     /* the pieces the family's blocks compose (arch.c) */

@@ -356,6 +356,9 @@ static int ignorable(const char *name) {
 static int load_hf_folder(mf_trainer *t, const char *dir) {
     char **files;
     int nf;
+    if (t->d.share)
+        return mf_fail("%s: a Hugging Face folder has a weight set per layer; --share_layers %d cannot load it "
+                       "(train the shared model from scratch, without --init)", dir, t->d.share);
     if (mf_hf_weight_files(dir, &files, &nf)) return -1;
     mf_st_file *f = calloc((size_t)nf, sizeof *f);
     int rc = f ? 0 : mf_fail("out of memory"), opened = 0;
@@ -402,6 +405,16 @@ int mf_trainer_load_weights(mf_trainer *t, const char *path) {
     mf_st_file f;
     if (mf_st_open(&f, path)) return -1;
     int rc = 0;
+    /* cross-layer sharing: a file of N shared sets loads only into a model
+     * with the same sharing (memfit's files say so in their dims) */
+    const char *fd = mf_st_meta(&f, "dims");
+    mf_dims fdims;
+    int fshare = fd && mf_model_dims_parse(fd, &fdims) == 0 ? fdims.share : 0;
+    if (fshare != t->d.share)
+        rc = fshare ? mf_fail("%s holds a shared model (%d weight sets for %d blocks, dims %s); load it with "
+                              "--share_layers %d", path, fshare, fdims.L, fd, fshare)
+                    : mf_fail("%s holds an unshared model (every block its own weights); this run has "
+                              "--share_layers %d: drop it to load this file", path, t->d.share);
     for (int i = 0; i < t->model.n_tensors && !rc; i++) {
         const mf_tensor *x = &t->model.tensors[i];
         if (x->lora) continue;  /* the base only; adapters come from --adapter */
