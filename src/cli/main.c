@@ -340,6 +340,18 @@ static int cmd_train(int argc, char **argv, int profile) {
     if (cfg.budget && strcmp(cfg.plan, "auto") == 0 && mf_dist_world() == 1) calibrate_apart(cfg.threads);
     double t0 = mf_time_now();
     mf_trainer t;
+    mf_dims sd;
+    /* cross-layer sharing: a Llama's out_dir is a Hugging Face folder, one
+     * weight set per layer, which a shared model does not have (refused
+     * before training, not after it; docs/sharing.md) */
+    if (cfg.share_layers && cfg.out_dir[0] && mf_model_dims(&cfg, &sd) == 0 && sd.share && sd.arch == MF_ARCH_LLAMA) {
+        mf_fail("share_layers %d with --out_dir: a Llama-family model is saved as a Hugging Face folder, which has no "
+                "shared layers; export of a shared Llama is not supported (drop --out_dir, or --share_layers)",
+                cfg.share_layers);
+        if (trace) mf_trace_close(trace);
+        if (metrics) fclose(metrics);
+        return die(mf_error());
+    }
     if (mf_trainer_init(&t, &cfg, MF_MODE_TRAIN)) {
         int rc = die(mf_error());
         mf_trace_span(trace, "setup (failed)", "init", t0, mf_time_now());

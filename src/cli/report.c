@@ -281,6 +281,10 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
             model_name(cfg), (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T, prec,
             optim_desc(m, od, sizeof od), recompute_desc(cfg, m, rc, sizeof rc));
     lora_line(f, m, cfg, d);
+    if (d->share)
+        fprintf(f, "share_layers %d: the %d blocks use %d weight sets (block i uses set i %% %d); params, grads and "
+                   "optimizer state hold %d sets, activations are not shared (all %d blocks keep theirs)\n",
+                d->share, d->L, d->share, d->share, d->share, d->L);
     if (m->opt.world > 1) {
         /* ZeRO paper section 5.1: the model states each rank keeps */
         size_t ms[MF_CAT_COUNT];
