@@ -14,6 +14,7 @@
 #include "convert.h"
 #include "eval_chat.h"
 #include "merge.h"
+#include "quantize.h"
 #include "report.h"
 
 #include <errno.h>
@@ -661,6 +662,25 @@ static int cmd_plan(int argc, char **argv) {
     return rc;
 }
 
+/* --init FILE written by memfit quantize: its "quant" metadata sets
+ * base_dtype (given explicitly it must agree); out receives the dtype's
+ * name, "" for an unquantised file. */
+static int infer_quant(mf_config *cfg, char *out, size_t n) {
+    struct stat sb;
+    out[0] = 0;
+    if (!cfg->init[0] || stat(cfg->init, &sb) != 0 || !S_ISREG(sb.st_mode)) return 0;
+    mf_st_file f;
+    if (mf_st_open(&f, cfg->init)) return -1;
+    const char *q = mf_st_meta(&f, "quant");
+    int rc = 0;
+    if (q && mf_config_was_set(cfg, "base_dtype") && strcmp(cfg->base_dtype, q) != 0)
+        rc = mf_fail("%s is quantised to %s; --base_dtype %s disagrees (drop it)", cfg->init, q, cfg->base_dtype);
+    else if (q && mf_config_set(cfg, "base_dtype", q)) rc = mf_fail("%s: quant metadata '%s': %s", cfg->init, q, mf_error());
+    else if (q) snprintf(out, n, "%s", q);
+    mf_st_close(&f);
+    return rc;
+}
+
 static int cmd_infer(int argc, char **argv, int sample) {
     if (wants_help(argc, argv)) {
         if (sample) printf("usage: memfit sample --init MODEL.safetensors|HF_DIR [--model PRESET] [--prompt TEXT] [--sample_tokens N]\n"
@@ -682,6 +702,10 @@ static int cmd_infer(int argc, char **argv, int sample) {
         if (!mf_config_was_set(&cfg, "batch")) cfg.batch = 1;
         if (!mf_config_was_set(&cfg, "sample_tokens")) cfg.sample_tokens = 200;
     } else cfg.sample_tokens = 0;
+    /* a quantised model (memfit quantize): its block matrices are planned
+     * packed and multiplied by the dequantise-in-GEMM kernels */
+    char quant[16] = "";
+    if (infer_quant(&cfg, quant, sizeof quant)) return die(mf_error());
     mf_trainer t;
     if (mf_trainer_init(&t, &cfg, MF_MODE_INFER)) return die(mf_error());
     int rc = 0;
@@ -691,6 +715,30 @@ static int cmd_infer(int argc, char **argv, int sample) {
         double v = mf_trainer_val_loss(&t);
         if (isnan(v)) rc = die("validation data is shorter than one batch");
         else printf("val loss %.6f over %d batches of %d x %d\n", v, t.n_val_batches, t.B, t.T);
+    }
+    if (!rc && (!sample || quant[0])) {
+        /* resident bytes: this plan (== the ledger's peak) and the process
+         * peak, beside the fp32 model's plan of the same shape (sample:
+         * from a quantised file, on stderr, after the text) */
+        FILE *o = sample ? stderr : stdout;
+        mf_config c32 = cfg;
+        snprintf(c32.base_dtype, sizeof c32.base_dtype, "fp32");
+        mf_dims d32;
+        mf_plan p32;
+        mf_model m32;
+        size_t a32 = 0;
+        if (quant[0] && mf_model_build_plan(&c32, MF_MODE_INFER, 1, 0, &d32, &p32, &m32) == 0) {
+            a32 = p32.arena_bytes;
+            mf_model_free(&m32);
+            mf_plan_free(&p32);
+        }
+        fprintf(o, "resident %s: planned arena %zu B (%.2f MiB), ledger peak %zu B (%s), process peak RSS %.2f MiB",
+               quant[0] ? quant : "fp32", t.plan.arena_bytes, (double)t.plan.arena_bytes / (1 << 20),
+               t.ledger.peak_total, t.ledger.peak_total == t.plan.peak_bytes ? "== planned" : "!= planned",
+               (double)mf_rss_peak() / (1 << 20));
+        if (a32) fprintf(o, "; the fp32 model's planned arena %zu B (%.2f MiB, %.2fx)", a32, (double)a32 / (1 << 20),
+                         (double)a32 / (double)t.plan.arena_bytes);
+        fprintf(o, "\n");
     }
     mf_trainer_free(&t);
     return rc;
@@ -836,7 +884,8 @@ static void usage(FILE *f) {
                "  eval-chat  greedy answers to chat data (--data FILE.jsonl): exact match and unit error rate\n"
                "  tokenize   text to a token file; --encode TEXT (or stdin) to ids, --decode IDS to text\n"
                "  convert    join the per-rank shards of a ZeRO checkpoint into one file\n"
-               "  merge      fold a LoRA adapter into a model file's weights (--unmerge takes it out)\n");
+               "  merge      fold a LoRA adapter into a model file's weights (--unmerge takes it out)\n"
+               "  quantize   post-training quantisation of a model file to int8 or nf4 (sample and eval run from it)\n");
 }
 
 /* Under AddressSanitizer freed memory waits in a quarantine (256 MiB by
@@ -872,6 +921,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
     if (strcmp(cmd, "convert") == 0) return mf_cli_convert(argc - 2, argv + 2);
     if (strcmp(cmd, "merge") == 0) return mf_cli_merge(argc - 2, argv + 2);
+    if (strcmp(cmd, "quantize") == 0) return mf_cli_quantize(argc - 2, argv + 2);
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) { usage(stdout); return 0; }
     fprintf(stderr, "memfit: error: unknown command '%s'\n", cmd);
     usage(stderr);

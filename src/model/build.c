@@ -22,7 +22,9 @@ static int plan_once(const mf_config *cfg, mf_mode mode, int nthreads, const mf_
     /* --adapter without --lora: the adapter's own config says r and targets */
     if (!lora.r && cfg->adapter[0] && mf_lora_read_config(cfg->adapter, &lora, NULL)) return -1;
     if (!lora.r && cfg->save_adapter[0]) return mf_fail("save_adapter needs --lora (the adapter's rank and targets)");
-    if (!lora.r && strcmp(cfg->base_dtype, "fp32") != 0)
+    /* (inference takes a quantised model without LoRA: memfit quantize's
+     * files, docs/quantize.md) */
+    if (!lora.r && strcmp(cfg->base_dtype, "fp32") != 0 && mode == MF_MODE_TRAIN)
         return mf_fail("base_dtype %s needs --lora (only a frozen base can be stored quantised)", cfg->base_dtype);
     if (mf_quant_parse(cfg->base_dtype, &lora.base)) return mf_fail("base_dtype: %s", mf_error());
     if (mf_plan_init(plan, mf_model_n_phases(d, mode))) return -1;

@@ -9,6 +9,11 @@
  * (update_in_backward, ZeRO 2); the GEMM library's and the quantised
  * base's scratch bytes for the largest GEMM on N rows. */
 int mf_model_grads_transient(const mf_model *m);
+/* A quantised model for inference (memfit quantize's files): the block
+ * matrices stored as m->lora.base without LoRA adapters. */
+static inline int mf_model_quant_infer(const mf_model *m) {
+    return m->mode == MF_MODE_INFER && m->lora.r == 0 && m->lora.base != 0;
+}
 size_t mf_model_gemm_scratch_need(const mf_model *m, int N);
 size_t mf_model_quant_scratch_need(const mf_model *m, int N);
 

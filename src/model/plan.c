@@ -107,7 +107,7 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     t->hi = t->numel;
     /* LoRA: the adapters are trainable (category adapter), the base is frozen */
     t->lora = strstr(name, ".lora_") != NULL;
-    t->frozen = m->lora.r > 0 && !t->lora;
+    t->frozen = (m->lora.r > 0 || mf_model_quant_infer(m)) && !t->lora;
     /* --base_dtype: the frozen Conv1D weights (2-D, inside a block) are
      * stored quantised; embeddings, LayerNorms and biases stay fp32 */
     t->qkind = t->frozen && ndim == 2 && layer >= 0 ? m->lora.base : 0;
@@ -411,6 +411,9 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     memset(m, 0, sizeof *m);
     if (mode == MF_MODE_TRAIN && !opt) return mf_fail("a training plan needs an optimizer");
     if (opt) m->opt = *opt;
+    /* a quantised model for inference (memfit quantize): the block
+     * matrices are stored int8/nf4 as a QLoRA base is, without adapters */
+    if (lora && lora->r == 0 && lora->base && mode == MF_MODE_INFER) m->lora.base = lora->base;
     if (lora && lora->r > 0) {
         m->lora = *lora;
         /* combinations that iterate gradients LoRA's frozen base does not have */
@@ -687,6 +690,14 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                             bd->bf16_frozen_embed ? mf_phase_head_fwd(m) : f1, -1);
             if (train) m->qscr_b = add(&ad, "work.quant_gemm.bwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, b0, b1, -1);
         }
+    }
+    if (!nlora && mf_model_quant_infer(m)) {
+        /* a quantised model's inference: the dequantised tile the GEMMs use
+         * (a Llama's bf16 head too, so it lives into the head phase) */
+        int64_t qs = (int64_t)mf_model_quant_scratch_need(m, (int)N);
+        m->qscr_bytes = (size_t)qs;
+        m->qscr_f = add(&ad, "work.quant_gemm.fwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, mf_phase_layer_fwd(m, 0),
+                        bd->bf16_frozen_embed ? mf_phase_head_fwd(m) : mf_phase_layer_fwd(m, L - 1), -1);
     }
     if (m->cdt != MF_DTYPE_F32 && !ad.err) {
         /* 16-bit: rounded GEMM operands that are not kept */

@@ -251,6 +251,16 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
 static int load_found(const mf_trainer *t, const mf_st_file *f, const mf_st_tensor *s, const char *path,
                       const char *name, const mf_tensor *x, int id) {
     int64_t want[2] = {x->rows_file, x->shape[1]};
+    if (s->dtype == MF_DTYPE_U8) {
+        /* a quantised model's block matrix (memfit quantize): its packed
+         * bytes as the plan row holds them, verified and copied */
+        size_t nb = x->qkind && id == x->p ? mf_quant_bytes((mf_quant_kind)x->qkind, x->numel) : 0;
+        if (!nb || s->ndim != 1 || s->nbytes != nb)
+            return mf_fail("%s: tensor '%s' is packed U8 (%zu bytes); the model needs %s %s", path, name, s->nbytes,
+                           x->qkind ? mf_quant_name((mf_quant_kind)x->qkind) : "F32",
+                           x->qkind ? "bytes of another size (the file was quantised to another dtype)" : "values");
+        return mf_st_stream(f, s, sink_copy, mf_arena_ptr(&t->arena, id));
+    }
     /* the row's dtype (fp32, or bf16 weights without a master copy, which
      * also take fp32 files rounded to nearest-even) */
     mf_dtype rdt = x->qkind && id == x->p ? MF_DTYPE_F32 : t->plan.bufs[id].dtype;  /* quantised: packed from F32 */
