@@ -40,6 +40,11 @@ for dt in int8 nf4; do
   else echo "FAIL sample $dt"; cat "$W/s.err"; fail=1; fi
 done
 
+# eval --compare: the fp32 source's loss on the same batches, beside the quantised one's
+"$M" eval "${shape[@]}" --init "$W/nf4/model.safetensors" --compare "$W/fp32/model.safetensors" >"$W/cmp.log" 2>&1
+if grep -q "^compare fp32 .*val loss $l32,.*== planned.*; nf4 loss" "$W/cmp.log"; then echo "ok   $(grep '^compare' "$W/cmp.log")"
+else echo "FAIL eval --compare"; cat "$W/cmp.log"; fail=1; fi
+
 expect_error() {  # name, expected substring, command...
   local name=$1 want=$2; shift 2
   "$@" >"$W/out" 2>"$W/err"

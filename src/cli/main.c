@@ -688,10 +688,23 @@ static int cmd_infer(int argc, char **argv, int sample) {
                            "  Generates text from trained weights, decoded with the tokenizer (HF_DIR/tokenizer.json by default).\n\n");
         else printf("usage: memfit eval --init MODEL.safetensors|HF_DIR [--model PRESET] [--data FILE.tok | --val_data FILE.tok]\n"
                     "       [--tokenizer gpt2|bytes|PATH/tokenizer.json]\n"
-                    "  Prints the mean loss over the validation batches (token files of the run's tokenizer).\n\n");
+                    "       [--compare FP32_MODEL.safetensors]\n"
+                    "  Prints the mean loss over the validation batches (token files of the run's tokenizer) and the\n"
+                    "  resident bytes (planned == ledger, peak RSS). A model from memfit quantize: --compare evaluates\n"
+                    "  its fp32 source after it, on the same batches, and prints both losses (docs/quantize.md).\n\n");
         mf_config_print_help(stdout);
         return 0;
     }
+    /* eval --compare FILE: a second model evaluated after the first */
+    const char *compare = NULL;
+    char *args[256];
+    int na = 0;
+    for (int i = 0; i < argc && na < 255; i++) {
+        if (!sample && strcmp(argv[i], "--compare") == 0 && i + 1 < argc) compare = argv[++i];
+        else if (!sample && strcmp(argv[i], "--compare") == 0) { mf_fail("--compare needs a model file"); return die(mf_error()); }
+        else args[na++] = argv[i];
+    }
+    argc = na, argv = args;
     mf_config cfg;
     char *pos[MAX_POS];
     int npos;
@@ -709,10 +722,11 @@ static int cmd_infer(int argc, char **argv, int sample) {
     mf_trainer t;
     if (mf_trainer_init(&t, &cfg, MF_MODE_INFER)) return die(mf_error());
     int rc = 0;
+    double v = NAN;
     if (sample) {
         if (mf_trainer_sample(&t, cfg.prompt, cfg.sample_tokens, stdout)) rc = die(mf_error());
     } else {
-        double v = mf_trainer_val_loss(&t);
+        v = mf_trainer_val_loss(&t);
         if (isnan(v)) rc = die("validation data is shorter than one batch");
         else printf("val loss %.6f over %d batches of %d x %d\n", v, t.n_val_batches, t.B, t.T);
     }
@@ -741,6 +755,23 @@ static int cmd_infer(int argc, char **argv, int sample) {
         fprintf(o, "\n");
     }
     mf_trainer_free(&t);
+    if (!rc && compare) {
+        /* the fp32 source on the same validation batches (its peak RSS is
+         * not separable from the first model's, so only its plan is shown) */
+        mf_config c2 = cfg;
+        snprintf(c2.init, sizeof c2.init, "%s", compare);
+        snprintf(c2.base_dtype, sizeof c2.base_dtype, "fp32");
+        char q2[16];
+        if (infer_quant(&c2, q2, sizeof q2)) return die(mf_error());
+        if (q2[0]) { mf_fail("--compare %s is quantised (%s): compare with the fp32 source", compare, q2); return die(mf_error()); }
+        if (mf_trainer_init(&t, &c2, MF_MODE_INFER)) return die(mf_error());
+        double v2 = mf_trainer_val_loss(&t);
+        printf("compare fp32 %s: val loss %.6f, planned arena %zu B (%.2f MiB), ledger peak %zu B (%s); %s loss %+.3f%% "
+               "of fp32's\n", compare, v2, t.plan.arena_bytes, (double)t.plan.arena_bytes / (1 << 20), t.ledger.peak_total,
+               t.ledger.peak_total == t.plan.peak_bytes ? "== planned" : "!= planned", quant[0] ? quant : "this model",
+               100.0 * (v - v2) / v2);
+        mf_trainer_free(&t);
+    }
     return rc;
 }
 
