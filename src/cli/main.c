@@ -719,6 +719,8 @@ static int cmd_infer(int argc, char **argv, int sample) {
      * packed and multiplied by the dequantise-in-GEMM kernels */
     char quant[16] = "";
     if (infer_quant(&cfg, quant, sizeof quant)) return die(mf_error());
+    /* (--base_dtype on an fp32 file or HF folder: quantised as it loads) */
+    if (!quant[0] && strcmp(cfg.base_dtype, "fp32") != 0) snprintf(quant, sizeof quant, "%s", cfg.base_dtype);
     mf_trainer t;
     if (mf_trainer_init(&t, &cfg, MF_MODE_INFER)) return die(mf_error());
     int rc = 0;
