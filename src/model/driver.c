@@ -311,13 +311,21 @@ static double head_loss(mf_model *m, mf_arena *a, int B, int T, int HW, int use_
      * as PyTorch's cross_entropy with ignore_index; all of them in plain text */
     int counted = 0;
     for (int n = 0; n < N; n++) counted += tgt[n] != MF_TARGET_IGNORE;
-    return counted ? sum / counted : 0.0;
+    double loss = counted ? sum / counted : 0.0;
+    if (m->d.n_experts > 0 && dscale != 0.0f) {
+        /* training: the routers' losses join the loss with the weight the
+         * mean cross-entropy has (its gradient is dscale per counted target) */
+        m->moe_gscale = dscale * (float)counted;
+        loss += m->d.aux_coef * m->moe_aux + m->d.z_coef * m->moe_z;
+    }
+    return loss;
 }
 
 double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets, float dscale) {
     if (!mf_model_fits(m, B, T)) mf_panic("forward on %dx%d does not fit the planned %dx%d", B, T, m->B, m->T);
     int N = B * T, L = m->d.L;
     m->lora_drop = m->lora.r > 0 && m->lora.dropout > 0 && use_targets && dscale != 0.0f && m->mode == MF_MODE_TRAIN;
+    m->moe_aux = m->moe_z = 0.0, m->moe_dropped = 0, m->moe_gscale = 0.0f;  /* summed over the layers */
     mf_arena_phase(a, mf_phase_emb_fwd(m));
     params_need(m, a, WTE, m->t_pos >= 0 ? 2 : 1);
     params_prefetch(m, a, 0);
