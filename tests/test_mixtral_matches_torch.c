@@ -15,7 +15,10 @@
  * z-loss; top-2 with a capacity factor 0.5 that drops slots.
  * Then on moe-tiny (capacity 0.75, so the permutation rows are in play):
  * recompute none, selective and full give bit-identical losses over 4
- * steps, each with planned == ledger; and bad settings fail with one line. */
+ * steps, each with planned == ledger; QLoRA on the reference's folder (experts
+ * packed NF4 / int8 from the files, LoRA on attention): first loss within
+ * the quantisation error of PyTorch's, planned == ledger; and bad settings
+ * fail with one line. */
 #include "memfit/io.h"
 #include "memfit/train.h"
 #include "testutil.h"
@@ -197,6 +200,63 @@ static void recompute_policies(void) {
     rmdir(dir);
 }
 
+/* QLoRA on a Mixtral folder: the experts (and attention) packed NF4 / int8
+ * straight from the reference's F32 folder, LoRA on q_proj, v_proj (lora_B
+ * starts at 0, so the first loss is the quantised base's): the expert stacks
+ * are quantised rows, the first loss within the quantisation's error of
+ * PyTorch's fp32 loss, int8 closer than NF4, planned == ledger */
+static void qlora_case(const char *src) {
+    char dir[] = "/tmp/memfit-mixtral-qlora-XXXXXX", cmd[2048], p[1200];
+    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/ref/mixtral_torch.py make-case --out %s --vocab %d --seq %d "
+             "--batch %d --steps 1 --seed 4 >/dev/null", src, dir, V_, T_, B_);
+    if (system(cmd) != 0) { CHECK(0, "reference failed: %s", cmd); return; }
+    snprintf(p, sizeof p, "%s/ref.json", dir);
+    char *js = mf_test_read_text(p);
+    cJSON *j = js ? cJSON_Parse(js) : NULL;
+    double want = j ? jnum(j, "loss") : NAN, err[2] = {NAN, NAN};
+    const char *kinds[2] = {"nf4", "int8"};
+    for (int q = 0; q < 2; q++) {
+        uint16_t ids[B_ * T_ + 1];
+        mf_st_file batch;
+        snprintf(p, sizeof p, "%s/batch.safetensors", dir);
+        if (mf_st_open(&batch, p)) { CHECK(0, "%s", mf_error()); break; }
+        const int32_t *iv = mf_st_find(&batch, "inputs")->data, *tv = mf_st_find(&batch, "targets")->data;
+        for (int i = 0; i < B_ * T_; i++) ids[i] = (uint16_t)iv[i];
+        ids[B_ * T_] = (uint16_t)tv[B_ * T_ - 1];
+        mf_st_close(&batch);
+        char tok[1200];
+        snprintf(tok, sizeof tok, "%s/batch.tok", dir);
+        CHECK(mf_tokfile_write(tok, MF_TOK_BYTES, 256, ids, B_ * T_ + 1) == 0, "%s", mf_error());
+        mf_config c;
+        mf_config_defaults(&c);
+        set_common(&c, tok);
+        snprintf(p, sizeof p, "%s/hf", dir);
+        mf_config_set(&c, "init", p);
+        mf_config_set(&c, "lora", "r=4,alpha=8,targets=q_proj,v_proj");
+        mf_config_set(&c, "base_dtype", kinds[q]);
+        mf_config_set(&c, "recompute", "full");
+        mf_trainer t;
+        if (mf_trainer_init(&t, &c, MF_MODE_TRAIN)) { CHECK(0, "%s: %s", kinds[q], mf_error()); continue; }
+        const mf_tensor *w1 = &t.model.tensors[t.model.t_layer0 + t.model.lt[MF_LT_W1]];
+        CHECK(w1->qkind && t.plan.bufs[w1->p].dtype == MF_DTYPE_U8 && w1->g < 0, "%s: %s is not a quantised frozen row",
+              kinds[q], w1->name);
+        mf_step_stats st;
+        CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
+        err[q] = fabs(st.loss - want);
+        CHECK(t.plan.peak_bytes == t.ledger.peak_total, "%s: planned %zu, ledger %zu", kinds[q], t.plan.peak_bytes,
+              t.ledger.peak_total);
+        printf("QLoRA %s base: first loss %.7f, PyTorch fp32 %.7f (|diff| %.2e), plan == ledger %zu\n", kinds[q],
+               st.loss, want, err[q], t.ledger.peak_total);
+        mf_trainer_free(&t);
+    }
+    CHECK(err[0] < 2e-2 && err[1] < err[0], "quantised-base losses off by %g (nf4), %g (int8)", err[0], err[1]);
+    cJSON_Delete(j);
+    free(js);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
+}
+
 static void bad_settings(void) {
     const char *cases[][3] = {
         {"num_experts_per_tok", "5", "num_experts_per_tok 5 must be between 1 and num_local_experts 4"},
@@ -229,6 +289,7 @@ int main(void) {
     run_case(src, "top-2, aux and z-loss", "--top_k 2 --aux_coef 0.05 --z_coef 0.01 --seed 2", NULL);
     run_case(src, "top-2, capacity factor 0.5 drops slots", "--top_k 2 --capacity_factor 0.5 --seed 3", "0.5");
     recompute_policies();
+    qlora_case(src);
     bad_settings();
     return mf_test_done("test_mixtral_matches_torch");
 }

@@ -16,6 +16,7 @@
 #include "internal.h"
 
 #include "memfit/kernels.h"
+#include "memfit/quant.h"
 
 #include <string.h>
 
@@ -45,14 +46,32 @@ static mf_moe_acts acts_of(mf_arena *a, const mf_layer_acts *A) {
     return x;
 }
 
+/* Layer l's expert stacks as fp32: the parameter rows, or under a
+ * quantised frozen base (QLoRA) the three stacks dequantised into the
+ * phase's work.moe.dequant row (backward's rebuild and backward share it) */
+static void expert_weights(mf_model *m, mf_arena *a, int l, const float **w1, const float **w3, const float **w2) {
+    int i1 = LT_I(l, MF_LT_W1), i3 = LT_I(l, MF_LT_W3), i2 = LT_I(l, MF_LT_W2);
+    const mf_tensor *t1 = &m->tensors[i1];
+    if (!t1->qkind) {
+        *w1 = mf_model_tensor_p(m, a, i1), *w3 = mf_model_tensor_p(m, a, i3), *w2 = mf_model_tensor_p(m, a, i2);
+        return;
+    }
+    int bwd = m->mode == MF_MODE_TRAIN && a->phase >= mf_phase_head_bwd(m);
+    float *deq = BUF(bwd ? m->moe_deq_b : m->moe_deq_f);
+    int64_t n = t1->numel;  /* E*F*C, the same for all three */
+    const int ids[3] = {i1, i3, i2};
+    for (int k = 0; k < 3; k++)
+        mf_quant_unpack((mf_quant_kind)m->tensors[ids[k]].qkind, deq + k * n, mf_model_tensor_p(m, a, ids[k]), 0, n);
+    *w1 = deq, *w3 = deq + n, *w2 = deq + 2 * n;
+}
+
 void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2,
                           const float *xmid, float *out, int N, int recompute) {
     mf_moe_dims d = moe_dims(m, N);
     mf_moe_route r = route_of(a, A);
     mf_moe_acts x = acts_of(a, A);
-    const float *wg = mf_model_tensor_p(m, a, LT_I(l, MF_LT_ROUTER));
-    const float *w1 = mf_model_tensor_p(m, a, LT_I(l, MF_LT_W1)), *w3 = mf_model_tensor_p(m, a, LT_I(l, MF_LT_W3));
-    const float *w2 = mf_model_tensor_p(m, a, LT_I(l, MF_LT_W2));
+    const float *wg = mf_model_tensor_p(m, a, LT_I(l, MF_LT_ROUTER)), *w1, *w3, *w2;
+    expert_weights(m, a, l, &w1, &w3, &w2);
     int dropped = 0;
     if (!recompute) {
         /* route once; a rebuild reads the kept decision (topk_idx, topk_w) */
@@ -79,9 +98,10 @@ void mf_moe_block_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts 
     mf_moe_work w = {BUF(m->moe_work[MF_MOE_BUF_DLOGITS]), BUF(m->moe_work[MF_MOE_BUF_DTOPK_W]),
                      BUF(m->moe_work[MF_MOE_BUF_DYP]), BUF(m->moe_work[MF_MOE_BUF_DH1]),
                      BUF(m->moe_work[MF_MOE_BUF_DH3])};
-    const float *wg = mf_model_tensor_p(m, a, LT_I(l, MF_LT_ROUTER));
-    const float *w1 = mf_model_tensor_p(m, a, LT_I(l, MF_LT_W1)), *w3 = mf_model_tensor_p(m, a, LT_I(l, MF_LT_W3));
-    const float *w2 = mf_model_tensor_p(m, a, LT_I(l, MF_LT_W2));
+    const float *wg = mf_model_tensor_p(m, a, LT_I(l, MF_LT_ROUTER)), *w1, *w3, *w2;
+    /* (a rebuild in this phase already dequantised them; again is cheaper
+     * than tracking it) */
+    expert_weights(m, a, l, &w1, &w3, &w2);
     float *dwg = mf_model_tensor_g(m, a, LT_I(l, MF_LT_ROUTER));
     float *dw1 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W1)), *dw3 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W3));
     float *dw2 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W2));

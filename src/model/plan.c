@@ -111,9 +111,10 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     /* --base_dtype: the frozen Conv1D weights (2-D, inside a block) are
      * stored quantised; embeddings, LayerNorms and biases stay fp32 */
     t->qkind = t->frozen && ndim == 2 && layer >= 0 ? m->lora.base : 0;
-    /* the mixture of experts' router and experts run fp32 kernels: a frozen
-     * base keeps them fp32 (quantised experts: not done, docs/moe.md) */
-    if (strstr(name, ".block_sparse_moe.")) t->qkind = 0;
+    /* the mixture of experts' router stays fp32 under a quantised base (it
+     * is small); the experts are stored quantised and dequantised a layer
+     * at a time into work.moe.dequant (moe_block.c) */
+    if (strstr(name, ".block_sparse_moe.gate.")) t->qkind = 0;
     /* a Llama's frozen embedding and head under a quantised base: bf16
      * (a gather reads rows, so no block format; the issue's "bf16
      * embeddings" for QLoRA). GPT-2 keeps them fp32. */
@@ -629,6 +630,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
      * for N tokens and the run's capacity factor */
     size_t moe_bytes[MF_MOE_BUF_COUNT];
     for (int b = 0; b < MF_MOE_BUF_COUNT; b++) m->moe_work[b] = -1;
+    m->moe_deq_f = m->moe_deq_b = -1;
     m->moe_capacity = 0, m->moe_rows = 0;
     if (bd->mlp == MF_MLP_MOE &&
         (mf_moe_buffer_sizes(moe_bytes, &m->moe_rows, NULL, (int)N, d->top_k, d->n_experts, (int)C, (int)I,
@@ -768,6 +770,16 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                             bd->bf16_frozen_embed ? mf_phase_head_fwd(m) : f1, -1);
             if (train) m->qscr_b = add(&ad, "work.quant_gemm.bwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, b0, b1, -1);
         }
+    }
+    if (bd->mlp == MF_MLP_MOE && m->lora.base && m->lora.r > 0) {
+        /* quantised experts: one layer's three stacks dequantised to fp32
+         * for the kernels, a row for forward phases and one for backward */
+        int64_t n = 3 * (int64_t)d->n_experts * I * C;
+        int f0 = mf_phase_layer_fwd(m, 0), f1 = mf_phase_layer_fwd(m, L - 1);
+        m->moe_deq_f = add(&ad, "work.moe.dequant.fwd", MF_CAT_WORK, MF_DTYPE_F32, 1, n, 0, 0, 0, f0, f1, -1);
+        if (train)
+            m->moe_deq_b = add(&ad, "work.moe.dequant.bwd", MF_CAT_WORK, MF_DTYPE_F32, 1, n, 0, 0, 0,
+                               mf_phase_layer_bwd(m, L - 1), mf_phase_layer_bwd(m, 0), -1);
     }
     if (m->cdt != MF_DTYPE_F32 && !ad.err) {
         /* 16-bit: rounded GEMM operands that are not kept */

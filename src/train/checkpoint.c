@@ -379,6 +379,40 @@ static int ignorable(const char *name) {
            (n > 16 && strcmp(name + n - 16, ".attn.masked_bias") == 0);
 }
 
+/* A quantised frozen expert stack (QLoRA on Mixtral): experts.{e}.wN.weight
+ * of every expert, each verified F32 of the slice's shape, packed as one
+ * tensor, the values streamed from the files' maps in stack order */
+typedef struct { const float *src[4096]; int64_t per; } expert_src;
+static void expert_fill(void *ctx, float *buf, int64_t lo, int64_t len) {
+    const expert_src *es = ctx;
+    for (int64_t k = 0; k < len; k++) buf[k] = es->src[(lo + k) / es->per][(lo + k) % es->per];
+}
+static int load_experts_quant(mf_trainer *t, mf_st_file *f, int opened, char **files, const char *dir,
+                              const mf_tensor *x) {
+    int E = t->model.d.n_experts;
+    if (E > 4096) return mf_fail("%s: %d experts (at most 4096 load into a quantised base)", dir, E);
+    expert_src *es = malloc(sizeof *es);
+    if (!es) return mf_fail("out of memory");
+    int64_t rows = x->shape[0] / E;
+    es->per = rows * x->shape[1];
+    int rc = 0;
+    for (int ex = 0; ex < E && !rc; ex++) {
+        char nm[96];
+        moe_expert_name(nm, x->name, ex);
+        const mf_st_tensor *s = NULL;
+        int k = 0;
+        for (; k < opened && !s; k++) s = mf_st_find(&f[k], nm);
+        if (!s) rc = mf_fail("%s: tensor '%s' is missing (config.json describes a model that has it)", dir, nm);
+        else if (s->dtype != MF_DTYPE_F32 || s->ndim != 2 || s->shape[0] != rows || s->shape[1] != x->shape[1])
+            rc = mf_fail("%s: tensor '%s' must be F32 [%lld, %lld] to be packed into a quantised base", files[k - 1], nm,
+                         (long long)rows, (long long)x->shape[1]);
+        else if (!(rc = mf_st_stream(&f[k - 1], s, NULL, NULL))) es->src[ex] = s->data;
+    }
+    if (!rc) rc = mf_quant_pack_stream((mf_quant_kind)x->qkind, mf_arena_ptr(&t->arena, x->p), x->numel, expert_fill, es);
+    free(es);
+    return rc;
+}
+
 /* A Hugging Face folder (model.safetensors or its shards): every tensor of
  * the model by its HF name, in whichever file holds it; a tensor the model
  * does not have is refused (a tied model ignores a stored lm_head, and
@@ -403,7 +437,11 @@ static int load_hf_folder(mf_trainer *t, const char *dir) {
             xe.shape[0] = xe.rows_file = x->shape[0] / E;
             xe.numel = xe.shape[0] * x->shape[1];
             xe.qkind = 0;
-            if (x->qkind || x->ps >= 0) { rc = mf_fail("%s: Mixtral experts load into fp32 rows only (no quantised base, no ZeRO 3)", dir); break; }
+            if (x->ps >= 0) { rc = mf_fail("%s: Mixtral experts do not load under ZeRO 3 yet", dir); break; }
+            if (x->qkind) {  /* a quantised base: the E tensors packed as one stack */
+                rc = load_experts_quant(t, f, opened, files, dir, x);
+                continue;
+            }
             for (int ex = 0; ex < E && !rc; ex++) {
                 char nm[96];
                 moe_expert_name(nm, x->name, ex);
