@@ -257,6 +257,29 @@ static void qlora_case(const char *src) {
     if (system(cmd)) {}
 }
 
+/* checkpoint metadata: the dims string carries the experts and round-trips
+ * them; a dense Llama's string is what it was before experts existed */
+static void dims_roundtrip(void) {
+    int n;
+    const mf_preset *ps = mf_model_presets(&n);
+    for (int i = 0; i < n; i++) {
+        mf_dims d = ps[i].d, back;
+        if (d.arch != MF_ARCH_LLAMA) continue;
+        d.z_coef = d.n_experts ? 0.125f : 0.0f;
+        char s[512];
+        mf_model_dims_str(&d, s, sizeof s);
+        CHECK(mf_model_dims_parse(s, &back) == 0, "%s: %s", s, mf_error());
+        CHECK(back.n_experts == d.n_experts && back.top_k == d.top_k && back.norm_topk_prob == d.norm_topk_prob &&
+              back.aux_coef == d.aux_coef && back.z_coef == d.z_coef && back.L == d.L && back.ffn == d.ffn,
+              "%s: dims string does not round-trip: %s", ps[i].name, s);
+        CHECK(!strstr(s, "moe:") == !d.n_experts, "%s: %s", ps[i].name, s);
+        if (strcmp(ps[i].name, "mixtral-8x7b") == 0) printf("dims %s\n", s);
+    }
+    mf_dims bad;
+    CHECK(mf_model_dims_parse("llama:2,64,8,2,8,64,256,256,0,0,0,1e-05,1000000,0,0,0,0,0,MixtralForCausalLM,moe:4,5,1,0.02,0",
+                              &bad) != 0, "top_k 5 of 4 experts accepted from a dims string");
+}
+
 static void bad_settings(void) {
     const char *cases[][3] = {
         {"num_experts_per_tok", "5", "num_experts_per_tok 5 must be between 1 and num_local_experts 4"},
@@ -290,6 +313,7 @@ int main(void) {
     run_case(src, "top-2, capacity factor 0.5 drops slots", "--top_k 2 --capacity_factor 0.5 --seed 3", "0.5");
     recompute_policies();
     qlora_case(src);
+    dims_roundtrip();
     bad_settings();
     return mf_test_done("test_mixtral_matches_torch");
 }
