@@ -25,6 +25,9 @@ est --lora r=4 --base_dtype nf4
 est --budget 300MiB --recompute auto
 est --world_size 4 --zero 3
 est --model llama-tiny --optimizer adamw8bit
+# mixture of experts: n_active, the moe object (dropless, capacity), per-layer expert bytes
+est --model moe-tiny --capacity_factor 1.25
+est --model mixtral-8x7b --batch 1 --seq 2048 --lora r=16,targets=q_proj,v_proj --base_dtype nf4
 "$M" plan --json --budget 1GiB > "$W/plan1.json" || { echo "FAIL plan --json"; fail=1; }
 "$M" plan --json --all --budget 1GiB --allow lossy > "$W/plan2.json" || { echo "FAIL plan --json --all"; fail=1; }
 
@@ -36,6 +39,9 @@ TINY="--n_layer 2 --n_embd 64 --n_head 4 --block_size 32 --seq 32 --batch 4 --da
 "$M" train --model llama-tiny $TINY --n_kv_head 2 --intermediate_size 128 --tokenizer bytes --steps 1 --val_every 0 \
   --sample_tokens 0 --out_dir "$W/out" --lora r=2 --save_adapter "$W/ad" > "$W/train2.txt" 2>&1 \
   || { echo "FAIL train llama-tiny"; cat "$W/train2.txt"; fail=1; }
+# a mixture of experts with a capacity: moe_aux, moe_z, moe_dropped
+"$M" train --model moe-tiny $TINY --n_head 8 --n_kv_head 2 --capacity_factor 1 --steps 2 --val_every 0 --sample_tokens 0 \
+  --metrics "$W/m3.jsonl" > "$W/train4.txt" 2>&1 || { echo "FAIL train moe-tiny"; cat "$W/train4.txt"; fail=1; }
 # fp16 with a budget: the metrics lines' loss-scaler and health keys
 "$M" train --model gpt2-1m $TINY --steps 2 --val_every 0 --sample_tokens 0 --precision fp16 --budget 1GiB \
   --metrics "$W/m2.jsonl" > "$W/train3.txt" 2>&1 || { echo "FAIL train fp16"; cat "$W/train3.txt"; fail=1; }
@@ -117,6 +123,15 @@ x = copy.deepcopy(p); x["settings"][0]["undocumented"] = 1; refuses("plan", x, "
 m = json.loads(open(W + "/m.jsonl").readline())
 x = dict(m, undocumented=1); refuses("metrics-line", x, "an undocumented key")
 x = dict(m); del x["seq"]; refuses("metrics-line", x, "rows without seq")
+x = json.loads(open(W + "/m3.jsonl").readline())
+if not all(k in x for k in ("moe_aux", "moe_z", "moe_dropped")): print("FAIL moe metrics keys missing"); bad = 1
+x["moe_dropped"] = -1; refuses("metrics-line", x, "a negative dropped count")
+for f in ("est8.json", "est9.json"):
+    x = json.load(open(W + "/" + f))
+    if not ("moe" in x and x["n_active"] < x["n_params"] and all("experts" in l for l in x["layers"])):
+        print("FAIL %s: no moe object, n_active or per-layer experts" % f); bad = 1
+if json.load(open(W + "/est1.json"))["n_active"] != json.load(open(W + "/est1.json"))["n_params"]:
+    print("FAIL dense n_active != n_params"); bad = 1
 sys.exit(bad)
 PY
 [ $fail -eq 0 ] && echo "test_cli_json_unique_keys: ok"

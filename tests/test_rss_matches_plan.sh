@@ -3,8 +3,8 @@
 # baseline plus the planned arena, and the ledger equals the plan, for
 # models from 1M to 124M parameters, every recompute policy, every
 # optimizer, every precision, LoRA on a frozen base (fp32 and NF4), and
-# Llama-family models (from a preset and from a Hugging Face folder), and
-# chat data (JSONL, packed and not).
+# Llama-family models (from a preset and from a Hugging Face folder), a
+# mixture of experts, and chat data (JSONL, packed and not).
 # (Release build only: sanitizers change the process's memory.)
 set -u
 M=${MEMFIT_BIN:?}
@@ -88,6 +88,13 @@ run llama-L4-C256-kv2-B4-T256-bf16 "${LLAMA[@]}" --steps 2 --precision bf16
 LLORA=r=8,alpha=16,dropout=0.05,targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 run llama-L4-C256-kv2-B4-T256-lora "${LLAMA[@]}" --steps 2 --lora "$LLORA"
 run llama-L4-C256-kv2-B4-T256-qlora-full "${LLAMA[@]}" --steps 2 --lora "$LLORA" --base_dtype nf4 --recompute full
+# mixture of experts (Mixtral block): moe-tiny widened (8 experts, top-2;
+# the routing and permutation rows sized for the dropless worst case, or
+# for a capacity factor), recompute none and full
+MOE=(--model moe-tiny --n_layer 4 --n_embd 256 --n_head 8 --n_kv_head 2 --intermediate_size 384 --num_local_experts 8
+     --batch 4 --seq 256 --data "$W/llama.tok")
+run moe-L4-C256-E8k2-B4-T256-none "${MOE[@]}" --steps 2
+run moe-L4-C256-E8k2-B4-T256-full-cf1.25 "${MOE[@]}" --steps 2 --recompute full --capacity_factor 1.25
 # chat data (--data FILE.jsonl): the tokenized store (~24 MiB here) is heap
 # allocated before the baseline is read, packing adds the data.pos row
 awk 'BEGIN { for (i = 0; i < 60000; i++) printf "{\"prompt\": \"question %d about %d things\", \"completion\": \"answer %d\"}\n", i, i % 97, i * 7 }' \

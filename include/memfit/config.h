@@ -25,6 +25,9 @@ typedef struct {
     int n_layer, n_embd, n_head, block_size, vocab_size; /* 0 = from preset */
     int n_kv_head, intermediate_size; /* Llama family: KV heads, MLP width (0 = preset's) */
     int share_layers;         /* cross-layer sharing: N distinct block weight sets, block i uses set i % N (0 = none) */
+    int num_local_experts, num_experts_per_tok; /* mixture of experts: E and k (0 = preset's) */
+    double router_aux_loss_coef, router_z_loss_coef; /* used when set (file or flag), else the preset's */
+    double capacity_factor;   /* mixture of experts: tokens per expert bound (0 = dropless) */
     char tokenizer[MF_PATH_MAX]; /* gpt2 | bytes | PATH/tokenizer.json | "" (preset's, or --init DIR's tokenizer.json) */
     /* batch */
     int batch, seq, grad_accum, steps;

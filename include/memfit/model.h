@@ -49,6 +49,14 @@ typedef struct {
     char hf_arch[32];     /* HF architectures[0] written into config.json */
     int share;            /* cross-layer sharing: the L blocks use `share` weight sets, block l uses set
                            * l % share (ALBERT); 0 = none (every block its own); divides L */
+    /* mixture of experts (Mixtral; docs/moe.md): 0 experts = a dense MLP */
+    int n_experts;        /* HF num_local_experts (E) */
+    int top_k;            /* HF num_experts_per_tok (k <= E) */
+    int norm_topk_prob;   /* renormalise the k routing weights to sum 1 (Mixtral: 1) */
+    float aux_coef;       /* router_aux_loss_coef (load balancing) */
+    float z_coef;         /* router_z_loss_coef */
+    double capacity_factor; /* --capacity_factor: a run setting, not the shape (not in the dims string);
+                             * <= 0 dropless */
     char tokenizer[MF_PATH_MAX]; /* the run's tokenizer: gpt2, bytes, or a tokenizer.json's path */
 } mf_dims;
 
@@ -96,6 +104,9 @@ int64_t mf_model_n_params(const mf_dims *d);
  * unshared) and the set block l reads and writes (l % share). */
 static inline int mf_model_weight_sets(const mf_dims *d) { return d->share ? d->share : d->L; }
 static inline int mf_model_weight_set(const mf_dims *d, int l) { return d->share ? l % d->share : l; }
+/* Parameters one token uses (a mixture of experts runs k of E experts;
+ * the embedding, head and router all count); == n_params for dense models. */
+int64_t mf_model_n_active(const mf_dims *d);
 
 typedef enum { MF_MODE_TRAIN, MF_MODE_INFER } mf_mode;
 
@@ -154,6 +165,11 @@ typedef struct {
     int ln2, ln2_mean, ln2_rstd;  /* (N,C) (N) (N) */
     int fch, fch_gelu;            /* (N,4C) (N,4C); Llama: gate (N,I) and silu(gate)*up (N,I) */
     int up;                       /* Llama: (N,I) up_proj output; -1 for GPT-2 */
+    /* mixture of experts (-1 for a dense MLP): moe[b] is mf_moe_buf b's row
+     * (kernels.h) for b < MF_MOE_BUF_DLOGITS; the router's state (probs ..
+     * frac) is kept per layer under every recompute policy, so a rebuilt
+     * block routes as the forward did */
+    int moe[MF_MOE_BUF_COUNT];
 } mf_layer_acts;
 
 /* A block's tensors by what they do (mf_model.lt gives their offsets in
@@ -162,7 +178,10 @@ typedef struct {
  * (mlp.c_fc) and GATEB, DOWN/DOWNB (mlp.c_proj); a Llama LN1, Q, K, V (and
  * Qwen2's QB, KB, VB), O, LN2, GATE, UP, DOWN. */
 enum { MF_LT_LN1, MF_LT_Q, MF_LT_QB, MF_LT_K, MF_LT_KB, MF_LT_V, MF_LT_VB, MF_LT_O, MF_LT_LN2, MF_LT_GATE,
-       MF_LT_UP, MF_LT_DOWN, MF_LT_LN1B, MF_LT_OB, MF_LT_LN2B, MF_LT_GATEB, MF_LT_DOWNB, MF_LT_COUNT };
+       MF_LT_UP, MF_LT_DOWN, MF_LT_LN1B, MF_LT_OB, MF_LT_LN2B, MF_LT_GATEB, MF_LT_DOWNB,
+       /* mixture of experts (in place of GATE, UP, DOWN): the router (E,C) and
+        * the experts' stacked w1 (E*F,C), w3 (E*F,C), w2 (E*C,F) */
+       MF_LT_ROUTER, MF_LT_W1, MF_LT_W3, MF_LT_W2, MF_LT_COUNT };
 
 typedef struct {
     mf_dims d;
@@ -228,6 +247,19 @@ typedef struct {
     int lora_drop;        /* dropout is on in the last forward (training forward with dropout > 0) */
     int qscr_f, qscr_b;   /* quantised base: GEMM scratch rows in forward / backward layer phases, else -1 */
     size_t qscr_bytes;    /* their size */
+    /* mixture of experts: the backward scratch rows (mf_moe_buf
+     * MF_MOE_BUF_DLOGITS..; -1 elsewhere), the capacity (slots per expert,
+     * 0 dropless) and permuted rows R the plan is sized for; the last
+     * forward's router losses (mean over layers), dropped slots, and the
+     * aux/z losses' gradient scale for backward */
+    int moe_work[MF_MOE_BUF_COUNT];
+    int moe_deq_f, moe_deq_b; /* a quantised frozen base (QLoRA): one layer's experts (w1|w3|w2 stacks)
+                               * dequantised to fp32, in forward / backward layer phases, else -1 */
+    int moe_capacity;
+    int64_t moe_rows;
+    double moe_aux, moe_z;
+    int64_t moe_dropped;
+    float moe_gscale;
 } mf_model;
 
 /* The plan a config implies, without data or arena (build.c; memfit

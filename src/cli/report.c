@@ -173,6 +173,11 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
                 t->step, t->cfg.steps, st->loss, st->lr, st->grad_norm, st->tok_s,
                 sz(t->ledger.peak_total, a), sz(rss, b));
         if (!isnan(val)) fprintf(f, " | val %.4f", val);
+        if (t->model.d.n_experts > 0) {
+            /* the routers' losses (and drops) of the step's last micro-batch */
+            fprintf(f, " | aux %.4f z %.3f", t->model.moe_aux, t->model.moe_z);
+            if (t->model.moe_capacity > 0) fprintf(f, " | dropped %lld", (long long)t->model.moe_dropped);
+        }
         if (st->seq && st->seq != t->T)
             fprintf(f, " | batch %d x %d in %d micro-batch%s", st->rows, st->seq, st->micro, st->micro == 1 ? "" : "es");
         if (t->use_scaler) fprintf(f, " | scale %g%s (%lld skipped)", st->loss_scale, st->skipped ? " SKIPPED" : "",
@@ -192,6 +197,11 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
         put_num(metrics, "grad_norm", st->grad_norm, "%.9g");
         put_num(metrics, "tok_s", st->tok_s, "%.6g");
         put_num(metrics, "step_s", st->seconds, "%.6g");
+        if (t->model.d.n_experts > 0) {
+            put_num(metrics, "moe_aux", t->model.moe_aux, "%.9g");
+            put_num(metrics, "moe_z", t->model.moe_z, "%.9g");
+            if (t->model.moe_capacity > 0) fprintf(metrics, ",\"moe_dropped\":%lld", (long long)t->model.moe_dropped);
+        }
         if (!isnan(val)) put_num(metrics, "val_loss", val, "%.9g");
         if (st->seq) fprintf(metrics, ",\"rows\":%d,\"seq\":%d,\"micro\":%d", st->rows, st->seq, st->micro);
         if (t->use_scaler)
@@ -271,6 +281,16 @@ static const char *optim_desc(const mf_model *m, char *buf, size_t n) {
     return buf;
 }
 
+/* A mixture of experts: layer l's expert weights (the params rows of its
+ * block_sparse_moe.experts tensors) */
+static size_t expert_bytes(const mf_plan *p, int l) {
+    size_t b = 0;
+    for (int i = 0; i < p->n; i++)
+        if (p->bufs[i].layer == l && p->bufs[i].cat == MF_CAT_PARAMS && strstr(p->bufs[i].name, ".block_sparse_moe.experts."))
+            b += p->bufs[i].bytes;
+    return b;
+}
+
 void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const mf_plan *p,
                         const mf_model *m, size_t runtime) {
     char a[32], b[32];
@@ -285,6 +305,19 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
         fprintf(f, "share_layers %d: the %d blocks use %d weight sets (block i uses set i %% %d); params, grads and "
                    "optimizer state hold %d sets, activations are not shared (all %d blocks keep theirs)\n",
                 d->share, d->L, d->share, d->share, d->share, d->L);
+    if (d->n_experts > 0) {
+        /* which worst case the moe.* rows are sized for (docs/moe.md) */
+        int64_t R = 0, G = 0, N = (int64_t)m->B * m->T;
+        mf_moe_buffer_sizes(NULL, &R, &G, (int)N, d->top_k, d->n_experts, d->C, d->ffn, d->capacity_factor);
+        fprintf(f, "mixture of experts: %d experts, top-%d, %lld active params per token; expert weights %s per layer; ",
+                d->n_experts, d->top_k, (long long)mf_model_n_active(d), sz(expert_bytes(p, 0), a));
+        if (m->moe_capacity > 0)
+            fprintf(f, "capacity factor %g: %d slots per expert, routing rows sized for %lld permuted rows (%lld per "
+                       "expert at most)\n", d->capacity_factor, m->moe_capacity, (long long)R, (long long)G);
+        else
+            fprintf(f, "dropless: routing rows sized for the worst case, %lld permuted rows (tokens x top-k), "
+                       "%lld on one expert at most\n", (long long)R, (long long)G);
+    }
     if (m->opt.world > 1) {
         /* ZeRO paper section 5.1: the model states each rank keeps */
         size_t ms[MF_CAT_COUNT];
@@ -336,7 +369,20 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
     if (!o) return NULL;
     cJSON_AddStringToObject(o, "model", model_name(cfg));
     cJSON_AddNumberToObject(o, "n_params", (double)mf_model_n_params(d));
+    cJSON_AddNumberToObject(o, "n_active", (double)mf_model_n_active(d));
     cJSON_AddNumberToObject(o, "n_trainable", (double)mf_model_n_trainable(m));
+    if (d->n_experts > 0) {
+        int64_t R = 0, G = 0;
+        mf_moe_buffer_sizes(NULL, &R, &G, m->B * m->T, d->top_k, d->n_experts, d->C, d->ffn, d->capacity_factor);
+        cJSON *mo = cJSON_AddObjectToObject(o, "moe");
+        cJSON_AddNumberToObject(mo, "n_experts", d->n_experts);
+        cJSON_AddNumberToObject(mo, "top_k", d->top_k);
+        cJSON_AddNumberToObject(mo, "capacity_factor", d->capacity_factor > 0 ? d->capacity_factor : 0);
+        cJSON_AddNumberToObject(mo, "capacity", m->moe_capacity);
+        cJSON_AddStringToObject(mo, "bound", m->moe_capacity > 0 ? "capacity" : "dropless");
+        cJSON_AddNumberToObject(mo, "permuted_rows", (double)R);
+        cJSON_AddNumberToObject(mo, "group_rows", (double)G);
+    }
     if (m->lora.r > 0) {
         char tg[128];
         cJSON *lo = cJSON_AddObjectToObject(o, "lora");
@@ -383,6 +429,7 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
             cJSON *x = cJSON_CreateObject();
             for (int i = 0; i < MF_CAT_COUNT; i++)
                 if (rows[l][i]) cJSON_AddNumberToObject(x, mf_cat_name((mf_cat)i), (double)rows[l][i]);
+            if (d->n_experts > 0) cJSON_AddNumberToObject(x, "experts", (double)expert_bytes(p, l));
             cJSON_AddItemToArray(layers, x);
         }
         free(rows);

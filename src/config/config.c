@@ -32,13 +32,18 @@ typedef struct {
 #define BIG 1e18
 
 static const key_row keys[] = {
-    {"model", T_STR, S(model), "gpt2-10m", 0, 0, "model preset: gpt2-1m, gpt2-10m, gpt2-124m, gpt2-350m, llama-tiny, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, tinyllama-1.1b, mistral-7b (memfit estimate --help lists them); --init DIR takes the shape from DIR/config.json instead"},
+    {"model", T_STR, S(model), "gpt2-10m", 0, 0, "model preset: gpt2-1m, gpt2-10m, gpt2-124m, gpt2-350m, llama-tiny, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, tinyllama-1.1b, mistral-7b, moe-tiny, moe-small, mixtral-8x7b (memfit estimate --help lists them); --init DIR takes the shape from DIR/config.json instead"},
     {"n_layer", T_INT, F(n_layer), 0, "0", 0, 1024, "transformer blocks (0 = preset's)"},
     {"share_layers", T_INT, F(share_layers), 0, "0", 0, 1024, "cross-layer parameter sharing (ALBERT): the n_layer blocks use N distinct weight sets repeated in order, block i uses set i % N; N must divide n_layer; params, grads and optimizer state shrink by n_layer/N, activations do not (0 = no sharing; docs/sharing.md)"},
     {"n_embd", T_INT, F(n_embd), 0, "0", 0, 65536, "embedding width C (0 = preset's)"},
     {"n_head", T_INT, F(n_head), 0, "0", 0, 1024, "attention heads; must divide n_embd (0 = preset's)"},
     {"n_kv_head", T_INT, F(n_kv_head), 0, "0", 0, 1024, "Llama family: key/value heads, must divide n_head (0 = preset's)"},
     {"intermediate_size", T_INT, F(intermediate_size), 0, "0", 0, 1 << 20, "Llama family: SwiGLU MLP width (0 = preset's)"},
+    {"num_local_experts", T_INT, F(num_local_experts), 0, "0", 0, 1 << 16, "mixture of experts: experts per layer E (0 = preset's or config.json's; a dense model stays dense)"},
+    {"num_experts_per_tok", T_INT, F(num_experts_per_tok), 0, "0", 0, 1 << 16, "mixture of experts: experts each token is routed to, k <= E (0 = preset's)"},
+    {"router_aux_loss_coef", T_FLOAT, F(router_aux_loss_coef), 0, "0", 0, 1e6, "mixture of experts: weight of the load-balancing loss (mean over layers) in the training loss (unset = preset's or config.json's)"},
+    {"router_z_loss_coef", T_FLOAT, F(router_z_loss_coef), 0, "0", 0, 1e6, "mixture of experts: weight of the router z-loss (mean over layers) in the training loss (unset = preset's)"},
+    {"capacity_factor", T_FLOAT, F(capacity_factor), 0, "0", 0, 1e6, "mixture of experts: each expert takes at most ceil(F * tokens * k / E) token-slots, the overflow skips the MLP and is counted (unset = dropless; must be > 0 when given)"},
     {"block_size", T_INT, F(block_size), 0, "0", 0, 1 << 20, "maximum sequence length, rows of wpe (0 = preset's)"},
     {"vocab_size", T_INT, F(vocab_size), 0, "0", 0, 1 << 24, "vocabulary, the embedding's rows; at least the tokenizer's (0 = the preset's or config.json's; a GPT-2 preset given --tokenizer takes the tokenizer's)"},
     {"tokenizer", T_STR, S(tokenizer), "", 0, 0, "gpt2, bytes, or PATH/tokenizer.json (a Hugging Face BPE tokenizer: Llama 3, Qwen, Llama 2, ...); any architecture takes any of them (empty = with --init DIR, DIR/tokenizer.json if present, else the preset's)"},

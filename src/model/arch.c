@@ -18,6 +18,12 @@
 #define LLAMA(arch_, L_, C_, H_, KV_, hd_, I_, V_, T_, tied_, bias_, win_, eps_, theta_) \
     {.arch = MF_ARCH_LLAMA, .L = L_, .C = C_, .NH = H_, .NKV = KV_, .hd = hd_, .ffn = I_, .V = V_, .maxT = T_, \
      .tied = tied_, .qkv_bias = bias_, .window = win_, .eps = eps_, .rope_theta = theta_, .hf_arch = arch_}
+/* Mixtral: untied, rope_theta 1e6, renormalised top-k, aux coef 0.02 (HF's
+ * MixtralConfig defaults) */
+#define MOE(L_, C_, H_, KV_, hd_, I_, V_, T_, E_, k_) \
+    {.arch = MF_ARCH_LLAMA, .L = L_, .C = C_, .NH = H_, .NKV = KV_, .hd = hd_, .ffn = I_, .V = V_, .maxT = T_, \
+     .tied = 0, .eps = 1e-5f, .rope_theta = 1e6, .hf_arch = "MixtralForCausalLM", .n_experts = E_, .top_k = k_, \
+     .norm_topk_prob = 1, .aux_coef = 0.02f}
 #define LLAMA3_SCALING(f) {.type = MF_ROPE_LLAMA3, .factor = f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, \
                            .original_max_position_embeddings = 8192}
 
@@ -36,6 +42,12 @@ static mf_preset presets[] = {
      "gpt2", "Llama 3.2 1B (1,235,814,400 params), llama3 rope scaling, tied"},
     {"tinyllama-1.1b", LLAMA("LlamaForCausalLM", 22, 2048, 32, 4, 64, 5632, 32000, 2048, 0, 0, 0, 1e-5f, 10000.0),
      "bytes", "TinyLlama 1.1B (1,100,048,384 params), untied"},
+    {"moe-tiny", MOE(2, 64, 8, 2, 8, 64, 256, 256, 4, 2), "bytes",
+     "Mixtral block (152,384 params, 103,232 active), 4 experts top-2, byte vocabulary; tests"},
+    {"moe-small", MOE(8, 512, 8, 2, 64, 1024, 256, 1024, 8, 2), "bytes",
+     "Mixtral block, 8 experts top-2 (106,209,792 params, 30,712,320 active), byte vocabulary; CPU-trainable"},
+    {"mixtral-8x7b", MOE(32, 4096, 32, 8, 128, 14336, 32000, 32768, 8, 2), "bytes",
+     "Mixtral 8x7B v0.1 (46,702,792,704 params, 12,879,925,248 active per token); estimate and planning"},
     {"mistral-7b", LLAMA("MistralForCausalLM", 32, 4096, 32, 8, 128, 14336, 32000, 32768, 0, 0, 4096, 1e-5f, 10000.0),
      "bytes", "Mistral 7B v0.1 (7,241,732,096 params), sliding window 4096; estimate and planning"},
 };
@@ -76,6 +88,10 @@ int mf_model_dims_check(mf_dims *d) {
                            d->NKV, d->NH);
         if (d->hd % 2) return mf_fail("head_dim %d is odd: rotary embeddings rotate pairs of dimensions", d->hd);
         if (d->window < 0) return mf_fail("sliding_window %d is negative", d->window);
+        if (d->n_experts < 0 || (d->n_experts > 0 && (d->top_k < 1 || d->top_k > d->n_experts)))
+            return mf_fail("num_experts_per_tok %d must be between 1 and num_local_experts %d", d->top_k, d->n_experts);
+        if (!(d->aux_coef >= 0) || !(d->z_coef >= 0))
+            return mf_fail("router_aux_loss_coef and router_z_loss_coef must be >= 0");
         if (!(d->eps > 0) || !(d->rope_theta > 0)) return mf_fail("rms_norm_eps and rope_theta must be positive");
         if (d->rope.type == MF_ROPE_LLAMA3 &&
             (!(d->rope.factor > 0) || !(d->rope.high_freq_factor > d->rope.low_freq_factor) ||
@@ -124,6 +140,26 @@ int mf_model_dims(const mf_config *cfg, mf_dims *d) {
         if (d->C % d->NH) return mf_fail("n_head %d does not divide n_embd %d", d->NH, d->C);
         d->hd = d->C / d->NH;
     }
+    if (cfg->num_local_experts || cfg->num_experts_per_tok) {
+        if (d->arch != MF_ARCH_LLAMA) return mf_fail("num_local_experts: a mixture of experts needs a Llama-family model");
+        if (cfg->num_local_experts) d->n_experts = cfg->num_local_experts;
+        if (cfg->num_experts_per_tok) d->top_k = cfg->num_experts_per_tok;
+        if (d->n_experts && !d->norm_topk_prob && !cfg->num_local_experts) d->norm_topk_prob = 1;
+        if (!d->n_experts) return mf_fail("num_experts_per_tok %d needs num_local_experts", d->top_k);
+        if (!d->top_k) d->top_k = d->n_experts < 2 ? d->n_experts : 2;
+        if (cfg->num_local_experts && !strstr(d->hf_arch, "Mixtral")) {
+            snprintf(d->hf_arch, sizeof d->hf_arch, "MixtralForCausalLM");
+            d->norm_topk_prob = 1;
+        }
+    }
+    if (mf_config_was_set(cfg, "router_aux_loss_coef")) d->aux_coef = (float)cfg->router_aux_loss_coef;
+    if (mf_config_was_set(cfg, "router_z_loss_coef")) d->z_coef = (float)cfg->router_z_loss_coef;
+    if (mf_config_was_set(cfg, "capacity_factor")) {
+        if (!(cfg->capacity_factor > 0))
+            return mf_fail("capacity_factor %g must be > 0 (leave it unset for dropless routing)", cfg->capacity_factor);
+        if (d->n_experts <= 0) return mf_fail("capacity_factor needs a mixture-of-experts model (num_local_experts)");
+        d->capacity_factor = cfg->capacity_factor;
+    }
     if (cfg->block_size) d->maxT = cfg->block_size;
     if (cfg->share_layers) d->share = cfg->share_layers;
     if (snprintf(d->tokenizer, sizeof d->tokenizer, "%s", cfg->tokenizer[0] ? cfg->tokenizer : tokdef) >=
@@ -148,10 +184,20 @@ int mf_model_dims(const mf_config *cfg, mf_dims *d) {
     return 0;
 }
 
+/* A block's MLP weights: dense SwiGLU 3CF; a mixture of experts E (all)
+ * or k (per token) experts of 3CF plus the router's E x C */
+static int64_t mlp_params(const mf_dims *d, int active) {
+    int64_t C = d->C, F = d->ffn;
+    if (d->n_experts <= 0) return 3 * C * F;
+    return (int64_t)(active ? d->top_k : d->n_experts) * 3 * C * F + (int64_t)d->n_experts * C;
+}
+
+/* the block's matmul weights a token multiplies through (a mixture of
+ * experts: its k experts and the router) */
 int64_t mf_model_block_matmul_params(const mf_dims *d) {
     int64_t C = d->C, q = (int64_t)d->NH * d->hd, kv = (int64_t)d->NKV * d->hd;
     if (d->arch == MF_ARCH_GPT2) return 12 * C * C;
-    return C * (q + 2 * kv) + q * C + 3 * C * (int64_t)d->ffn;
+    return C * (q + 2 * kv) + q * C + mlp_params(d, 1);
 }
 
 double mf_model_attention_flops(const mf_dims *d, int B, int T) {
@@ -166,19 +212,29 @@ int64_t mf_model_n_params(const mf_dims *d) {
     int64_t C = d->C, sets = mf_model_weight_sets(d);
     if (d->arch == MF_ARCH_GPT2)
         return (int64_t)d->V * C + (int64_t)d->maxT * C + sets * (12 * C * C + 13 * C) + 2 * C;
-    int64_t blk = mf_model_block_matmul_params(d) + 2 * C +
+    int64_t blk = mf_model_block_matmul_params(d) - mlp_params(d, 1) + mlp_params(d, 0) + 2 * C +
                   (d->qkv_bias ? (int64_t)(d->NH + 2 * d->NKV) * d->hd : 0);
     return (int64_t)d->V * C * (d->tied ? 1 : 2) + sets * blk + C;
+}
+
+int64_t mf_model_n_active(const mf_dims *d) {
+    if (d->arch == MF_ARCH_GPT2 || d->n_experts <= 0) return mf_model_n_params(d);
+    return mf_model_n_params(d) - (int64_t)mf_model_weight_sets(d) * (mlp_params(d, 0) - mlp_params(d, 1));
 }
 
 static int dims_str_base(const mf_dims *d, char *buf, size_t n) {
     /* GPT-2 keeps the form its checkpoints have always had */
     if (d->arch == MF_ARCH_GPT2) return snprintf(buf, n, "%d,%d,%d,%d,%d", d->L, d->C, d->NH, d->maxT, d->V);
-    return snprintf(buf, n, "llama:%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.9g,%.17g,%d,%.9g,%.9g,%.9g,%d,%s", d->L, d->C,
+    /* a mixture of experts appends ",moe:E,k,norm,aux,z" (dense shapes keep their old string) */
+    char moe[96] = "";
+    if (d->n_experts > 0)
+        snprintf(moe, sizeof moe, ",moe:%d,%d,%d,%.9g,%.9g", d->n_experts, d->top_k, d->norm_topk_prob,
+                 (double)d->aux_coef, (double)d->z_coef);
+    return snprintf(buf, n, "llama:%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.9g,%.17g,%d,%.9g,%.9g,%.9g,%d,%s%s", d->L, d->C,
                     d->NH, d->NKV, d->hd, d->ffn, d->maxT, d->V, d->tied, d->qkv_bias, d->window, (double)d->eps,
                     d->rope_theta, (int)d->rope.type, (double)d->rope.factor, (double)d->rope.low_freq_factor,
                     (double)d->rope.high_freq_factor, d->rope.original_max_position_embeddings,
-                    d->hf_arch[0] ? d->hf_arch : "LlamaForCausalLM");
+                    d->hf_arch[0] ? d->hf_arch : "LlamaForCausalLM", moe);
 }
 
 /* A shared model's shape ends in ";share=N" (N weight sets for the L
@@ -210,7 +266,19 @@ int mf_model_dims_parse(const char *s0, mf_dims *d) {
         if (sscanf(s + 6, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%lf,%lf,%d,%lf,%lf,%lf,%d,%31[A-Za-z0-9]%n", &d->L, &d->C,
                    &d->NH, &d->NKV, &d->hd, &d->ffn, &d->maxT, &d->V, &d->tied, &d->qkv_bias, &d->window, &eps,
                    &d->rope_theta, &rt, &f, &lo, &hi, &d->rope.original_max_position_embeddings, d->hf_arch,
-                   &used) != 19 || s[6 + used] || (rt != MF_ROPE_NONE && rt != MF_ROPE_LLAMA3))
+                   &used) != 19 || (rt != MF_ROPE_NONE && rt != MF_ROPE_LLAMA3))
+            return mf_fail("dims '%s' are not a Llama-family shape", s);
+        const char *rest = s + 6 + used;
+        if (strncmp(rest, ",moe:", 5) == 0) {
+            double aux = 0, z = 0;
+            int u2 = 0;
+            if (sscanf(rest + 5, "%d,%d,%d,%lf,%lf%n", &d->n_experts, &d->top_k, &d->norm_topk_prob, &aux, &z, &u2) !=
+                    5 || d->n_experts < 1)
+                return mf_fail("dims '%s' are not a Llama-family shape", s);
+            d->aux_coef = (float)aux, d->z_coef = (float)z;
+            rest += 5 + u2;
+        }
+        if (*rest)
             return mf_fail("dims '%s' are not a Llama-family shape", s);
         d->eps = (float)eps, d->rope.type = (mf_rope_type)rt, d->rope.factor = (float)f;
         d->rope.low_freq_factor = (float)lo, d->rope.high_freq_factor = (float)hi;
@@ -246,14 +314,22 @@ static const mf_block_desc gpt2_block = {
     .norm = MF_NORM_LAYERNORM, .learned_pos = 1, .rope = 0, .mlp = MF_MLP_GELU, .w_in_out = 1, .proj_bias = 1,
     .fused_fp32 = 1, .bf16_frozen_embed = 0,
     .lora = {-1, MF_LORA_ATTN_C_ATTN, -1, -1, -1, -1, -1, MF_LORA_ATTN_C_PROJ, -1, MF_LORA_MLP_C_FC, -1,
-             MF_LORA_MLP_C_PROJ, -1, -1, -1, -1, -1}};
+             MF_LORA_MLP_C_PROJ, -1, -1, -1, -1, -1, -1, -1, -1, -1}};
 static const mf_block_desc llama_block = {
     .norm = MF_NORM_RMSNORM, .learned_pos = 0, .rope = 1, .mlp = MF_MLP_SWIGLU, .w_in_out = 0, .proj_bias = 0,
     .fused_fp32 = 0, .bf16_frozen_embed = 1,
     .lora = {-1, MF_LORA_Q_PROJ, -1, MF_LORA_K_PROJ, -1, MF_LORA_V_PROJ, -1, MF_LORA_O_PROJ, -1, MF_LORA_GATE_PROJ,
-             MF_LORA_UP_PROJ, MF_LORA_DOWN_PROJ, -1, -1, -1, -1, -1}};
-_Static_assert(MF_LT_COUNT == 17, "the lora[] tables above list every MF_LT_* slot");
+             MF_LORA_UP_PROJ, MF_LORA_DOWN_PROJ, -1, -1, -1, -1, -1, -1, -1, -1, -1}};
+/* Mixtral: the Llama block with a routed mixture of SwiGLU experts as its
+ * MLP (moe_block.c); adapters on the attention projections only */
+static const mf_block_desc moe_block = {
+    .norm = MF_NORM_RMSNORM, .learned_pos = 0, .rope = 1, .mlp = MF_MLP_MOE, .w_in_out = 0, .proj_bias = 0,
+    .fused_fp32 = 0, .bf16_frozen_embed = 1,
+    .lora = {-1, MF_LORA_Q_PROJ, -1, MF_LORA_K_PROJ, -1, MF_LORA_V_PROJ, -1, MF_LORA_O_PROJ, -1, -1, -1, -1, -1, -1,
+             -1, -1, -1, -1, -1, -1, -1}};
+_Static_assert(MF_LT_COUNT == 21, "the lora[] tables above list every MF_LT_* slot");
 
 const mf_block_desc *mf_model_block_desc(const mf_dims *d) {
+    if (d->arch == MF_ARCH_LLAMA && d->n_experts > 0) return &moe_block;
     return d->arch == MF_ARCH_LLAMA ? &llama_block : &gpt2_block;
 }

@@ -117,7 +117,8 @@ static const int lt_bias[MF_LT_COUNT] = {[MF_LT_LN1] = -1, [MF_LT_Q] = MF_LT_QB,
                                          [MF_LT_KB] = -1, [MF_LT_V] = MF_LT_VB, [MF_LT_VB] = -1, [MF_LT_O] = MF_LT_OB,
                                          [MF_LT_LN2] = -1, [MF_LT_GATE] = MF_LT_GATEB, [MF_LT_UP] = -1,
                                          [MF_LT_DOWN] = MF_LT_DOWNB, [MF_LT_LN1B] = -1, [MF_LT_OB] = -1,
-                                         [MF_LT_LN2B] = -1, [MF_LT_GATEB] = -1, [MF_LT_DOWNB] = -1};
+                                         [MF_LT_LN2B] = -1, [MF_LT_GATEB] = -1, [MF_LT_DOWNB] = -1,
+                                         [MF_LT_ROUTER] = -1, [MF_LT_W1] = -1, [MF_LT_W3] = -1, [MF_LT_W2] = -1};
 
 /* the quantised base's GEMM scratch for the phase we are in */
 static void *quant_scratch(mf_model *m, mf_arena *a) {
@@ -348,8 +349,9 @@ void mf_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompu
     lin_ctx c = lin_ctx_of(m, a);
     /* GPT-2 in fp32 without adapters: the fused bias/residual epilogues */
     int fused = c.bd->fused_fp32 && !c.h16 && !m->lora.r;
-    float *x = BUF(res[l]), *xmid = BUF(A->xmid), *fch = BUF(A->fch);
-    void *ln1 = mf_arena_get(a, A->ln1), *ln2 = mf_arena_get(a, A->ln2), *h = mf_model_mlp_out(m, a, A);
+    int moe = c.bd->mlp == MF_MLP_MOE;  /* no dense MLP rows */
+    float *x = BUF(res[l]), *xmid = BUF(A->xmid), *fch = moe ? NULL : BUF(A->fch);
+    void *ln1 = mf_arena_get(a, A->ln1), *ln2 = mf_arena_get(a, A->ln2), *h = moe ? NULL : mf_model_mlp_out(m, a, A);
     norm_fwd(m, a, &c, l, 0, ln1, A->ln1_mean, A->ln1_rstd, x, N);
     static const int qkv_lt[3] = {MF_LT_Q, MF_LT_K, MF_LT_V};
     for (int i = 0; i < 3; i++)
@@ -378,6 +380,10 @@ void mf_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompu
     }
     proj_fwd(m, a, &c, l, MF_LT_O, xmid, C, ain, x, 0, N);
     norm_fwd(m, a, &c, l, 1, ln2, A->ln2_mean, A->ln2_rstd, xmid, N);
+    if (c.bd->mlp == MF_MLP_MOE) {
+        mf_moe_block_forward(m, a, l, A, ln2, xmid, write_out ? BUF(res[l + 1]) : NULL, N, recompute);
+        return;
+    }
     proj_fwd(m, a, &c, l, MF_LT_GATE, fch, I, ln2, NULL, 0, N);
     if (m->lt[MF_LT_UP] >= 0) proj_fwd(m, a, &c, l, MF_LT_UP, BUF(A->up), I, ln2, NULL, 0, N);
     act_fwd(a, &c, A, h, (size_t)N * I);
@@ -390,20 +396,23 @@ void mf_block_backward(mf_model *m, mf_arena *a, int l, int B, int T) {
     int C = d->C, N = B * T, AO = d->NH * d->hd, QKV = (d->NH + 2 * d->NKV) * d->hd, I = d->ffn;
     const mf_layer_acts *A = &m->racts[l];
     lin_ctx c = lin_ctx_of(m, a);
-    float *x = BUF(m->rres[l]), *xmid = BUF(A->xmid), *fch = BUF(A->fch);
-    void *ln1 = mf_arena_get(a, A->ln1), *ln2 = mf_arena_get(a, A->ln2), *h = mf_model_mlp_out(m, a, A);
+    int moe = c.bd->mlp == MF_MLP_MOE;
+    float *x = BUF(m->rres[l]), *xmid = BUF(A->xmid), *fch = moe ? NULL : BUF(A->fch);
+    void *ln1 = mf_arena_get(a, A->ln1), *ln2 = mf_arena_get(a, A->ln2), *h = moe ? NULL : mf_model_mlp_out(m, a, A);
     if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE) {
         /* rebuild the element-wise outputs from the kept inputs (the same
          * kernels on the same inputs: bit-identical to the forward's) */
         norm_fwd(m, a, &c, l, 0, ln1, A->ln1_mean, A->ln1_rstd, x, N);
         norm_fwd(m, a, &c, l, 1, ln2, A->ln2_mean, A->ln2_rstd, xmid, N);
-        act_fwd(a, &c, A, h, (size_t)N * I);
+        if (!moe) act_fwd(a, &c, A, h, (size_t)N * I);
     }
-    float *dres = BUF(m->dres), *dln = BUF(m->dln), *dbig = BUF(m->dbig), *dqkv = BUF(m->dqkv);
+    float *dres = BUF(m->dres), *dln = BUF(m->dln), *dbig = moe ? NULL : BUF(m->dbig), *dqkv = BUF(m->dqkv);
     /* MLP: out = xmid + act(ln2 W1 [, ln2 Wup]) W2. h may live in dbig
      * itself: the projection reads it for dW2 before dh overwrites it. */
-    proj_bwd(m, a, &c, l, MF_LT_DOWN, dbig, 0.0f, dres, C, h, N);
-    if (c.bd->mlp == MF_MLP_SWIGLU) {
+    if (moe) mf_moe_block_backward(m, a, l, A, ln2, N);  /* d(ln2) into dln */
+    else proj_bwd(m, a, &c, l, MF_LT_DOWN, dbig, 0.0f, dres, C, h, N);
+    if (moe) {
+    } else if (c.bd->mlp == MF_MLP_SWIGLU) {
         float *up = BUF(A->up);
         mf_swiglu_backward(fch, up, dbig, fch, up, (size_t)N * I);
         proj_bwd(m, a, &c, l, MF_LT_GATE, dln, 0.0f, fch, I, ln2, N);

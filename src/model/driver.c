@@ -311,13 +311,25 @@ static double head_loss(mf_model *m, mf_arena *a, int B, int T, int HW, int use_
      * as PyTorch's cross_entropy with ignore_index; all of them in plain text */
     int counted = 0;
     for (int n = 0; n < N; n++) counted += tgt[n] != MF_TARGET_IGNORE;
-    return counted ? sum / counted : 0.0;
+    double loss = counted ? sum / counted : 0.0;
+    if (m->d.n_experts > 0 && dscale != 0.0f) {
+        /* training: the routers' losses join the loss with the weight the
+         * mean cross-entropy has (its gradient is dscale per counted target) */
+        m->moe_gscale = dscale * (float)counted;
+        loss += m->d.aux_coef * m->moe_aux + m->d.z_coef * m->moe_z;
+    }
+    return loss;
 }
 
 double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets, float dscale) {
     if (!mf_model_fits(m, B, T)) mf_panic("forward on %dx%d does not fit the planned %dx%d", B, T, m->B, m->T);
     int N = B * T, L = m->d.L;
     m->lora_drop = m->lora.r > 0 && m->lora.dropout > 0 && use_targets && dscale != 0.0f && m->mode == MF_MODE_TRAIN;
+    /* the routers' losses and drops, summed over the layers; an evaluation
+     * or sampling forward leaves the last training forward's for the log */
+    double keep_aux = m->moe_aux, keep_z = m->moe_z;
+    int64_t keep_dropped = m->moe_dropped;
+    m->moe_aux = m->moe_z = 0.0, m->moe_dropped = 0;
     mf_arena_phase(a, mf_phase_emb_fwd(m));
     params_need(m, a, WTE, m->t_pos >= 0 ? 2 : 1);
     params_prefetch(m, a, 0);
@@ -332,7 +344,9 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     sgemm_scratch(m, a);
     mf_norm_forward(m, m->cdt, lnf, m->lnf_mean >= 0 ? BUF(m->lnf_mean) : NULL, BUF(m->lnf_rstd), BUF(m->res[L]),
                     tensor_p(m, a, LNF_W), m->n_normf > 1 ? tensor_p(m, a, LNF_B) : NULL, N);
-    return head_loss(m, a, B, T, HW, use_targets, dscale);
+    double loss = head_loss(m, a, B, T, HW, use_targets, dscale);
+    if (dscale == 0.0f) m->moe_aux = keep_aux, m->moe_z = keep_z, m->moe_dropped = keep_dropped;
+    return loss;
 }
 
 void mf_model_backward(mf_model *m, mf_arena *a, int B, int T) {

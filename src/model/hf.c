@@ -66,13 +66,13 @@ int mf_hf_read_config(const char *dir, mf_dims *d) {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(o, "model_type");
     const char *an = cJSON_IsString(a0) ? a0->valuestring : NULL, *mn = cJSON_IsString(mt) ? mt->valuestring : NULL;
     static const char *known[][2] = {{"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"},
-                                     {"MistralForCausalLM", "mistral"}};
+                                     {"MistralForCausalLM", "mistral"}, {"MixtralForCausalLM", "mixtral"}};
     int k = -1;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if ((an && strcmp(an, known[i][0]) == 0) || (!an && mn && strcmp(mn, known[i][1]) == 0)) k = i;
     if (k < 0) {
         mf_fail("%s: architecture '%s' is not supported (memfit loads LlamaForCausalLM, Qwen2ForCausalLM, "
-                "MistralForCausalLM folders; GPT-2 weights load as a .safetensors file)", path, an ? an : mn ? mn : "?");
+                "MistralForCausalLM, MixtralForCausalLM folders; GPT-2 weights load as a .safetensors file)", path, an ? an : mn ? mn : "?");
         goto out;
     }
     snprintf(d->hf_arch, sizeof d->hf_arch, "%s", known[k][0]);
@@ -157,6 +157,20 @@ int mf_hf_read_config(const char *dir, mf_dims *d) {
             goto out;
         }
     }
+    if (k == 3) {
+        /* Mixtral (MixtralConfig): experts, experts per token, the aux
+         * loss's coefficient (default 0.001); its top-k weights are always
+         * renormalised */
+        if (need_int(o, "num_local_experts", 1, 1 << 16, &d->n_experts, path) ||
+            need_int(o, "num_experts_per_tok", 1, 1 << 16, &d->top_k, path))
+            goto out;
+        d->norm_topk_prob = 1;
+        d->aux_coef = 0.001f;
+        if ((r = num(o, "router_aux_loss_coef", 0, 1e6, &x, path)) < 0) goto out;
+        if (!r) d->aux_coef = (float)x;
+        if ((r = num(o, "router_z_loss_coef", 0, 1e6, &x, path)) < 0) goto out;
+        if (!r) d->z_coef = (float)x;
+    }
     snprintf(d->tokenizer, sizeof d->tokenizer, "gpt2");
     if (mf_model_dims_check(d)) {
         char msg[512];
@@ -174,10 +188,15 @@ int mf_hf_write_config(const char *path, const mf_dims *d) {
     if (d->arch != MF_ARCH_LLAMA) return mf_fail("config.json is written for Llama-family models only");
     cJSON *o = cJSON_CreateObject();
     cJSON *ar = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(ar, cJSON_CreateString(d->hf_arch[0] ? d->hf_arch : "LlamaForCausalLM"));
-    const char *mt = strcmp(d->hf_arch, "Qwen2ForCausalLM") == 0     ? "qwen2"
+    cJSON_AddItemToArray(ar, cJSON_CreateString(d->n_experts > 0 ? "MixtralForCausalLM"
+                                                 : d->hf_arch[0] ? d->hf_arch : "LlamaForCausalLM"));
+    const char *mt = d->n_experts > 0                                ? "mixtral"
+                     : strcmp(d->hf_arch, "Qwen2ForCausalLM") == 0   ? "qwen2"
                      : strcmp(d->hf_arch, "MistralForCausalLM") == 0 ? "mistral"
                                                                       : "llama";
+    if (d->n_experts > 0 && !d->norm_topk_prob)
+        return mf_fail("config.json: MixtralForCausalLM always renormalises its top-k weights (norm_topk_prob 0 has no "
+                       "Mixtral config key)");
     cJSON_AddStringToObject(o, "model_type", mt);
     cJSON_AddNumberToObject(o, "hidden_size", d->C);
     cJSON_AddNumberToObject(o, "intermediate_size", d->ffn);
@@ -201,7 +220,14 @@ int mf_hf_write_config(const char *path, const mf_dims *d) {
     if (strcmp(mt, "llama") == 0) cJSON_AddBoolToObject(o, "attention_bias", 0);
     if (strcmp(mt, "qwen2") == 0) cJSON_AddBoolToObject(o, "use_sliding_window", 0);
     if (d->window) cJSON_AddNumberToObject(o, "sliding_window", d->window);
-    else if (strcmp(mt, "mistral") == 0) cJSON_AddNullToObject(o, "sliding_window");
+    else if (strcmp(mt, "mistral") == 0 || strcmp(mt, "mixtral") == 0) cJSON_AddNullToObject(o, "sliding_window");
+    if (d->n_experts > 0) {
+        cJSON_AddNumberToObject(o, "num_local_experts", d->n_experts);
+        cJSON_AddNumberToObject(o, "num_experts_per_tok", d->top_k);
+        cJSON_AddNumberToObject(o, "router_aux_loss_coef", d->aux_coef);
+        if (d->z_coef > 0) cJSON_AddNumberToObject(o, "router_z_loss_coef", d->z_coef);
+        cJSON_AddBoolToObject(o, "output_router_logits", d->aux_coef > 0);
+    }
     cJSON_AddStringToObject(o, "hidden_act", "silu");
     cJSON_AddStringToObject(o, "torch_dtype", "float32");
     char *txt = cJSON_Print(o);

@@ -27,12 +27,13 @@ float *mf_model_mlp_out(mf_model *m, mf_arena *a, const mf_layer_acts *A);
 
 /* A family as data (arch.c): the pieces its blocks compose. */
 typedef enum { MF_NORM_LAYERNORM, MF_NORM_RMSNORM } mf_norm_kind;
-typedef enum { MF_MLP_GELU, MF_MLP_SWIGLU } mf_mlp_kind;
+typedef enum { MF_MLP_GELU, MF_MLP_SWIGLU, MF_MLP_MOE } mf_mlp_kind;
 typedef struct {
     mf_norm_kind norm;     /* the blocks' and the final norm */
     int learned_pos;       /* the embedding adds learned positions (wpe) */
     int rope;              /* attention rotates q and k (RoPE; theta and scaling in mf_dims) */
-    mf_mlp_kind mlp;       /* GELU: fc -> gelu -> proj; SwiGLU: gate, up -> silu(gate)*up -> down */
+    mf_mlp_kind mlp;       /* GELU: fc -> gelu -> proj; SwiGLU: gate, up -> silu(gate)*up -> down;
+                            * MoE: router -> top-k SwiGLU experts (moe_block.c) */
     int w_in_out;          /* projection weights stored (in, out) (Conv1D), else (out, in) (nn.Linear) */
     int proj_bias;         /* every projection has a bias (else only q/k/v, when mf_dims.qkv_bias) */
     int fused_fp32;        /* fp32 without LoRA: the fused bias/residual/LayerNorm/GELU epilogues */
@@ -47,6 +48,15 @@ const mf_block_desc *mf_model_block_desc(const mf_dims *d);
  * d(output) and receives d(input)); the rotary table for T positions; the
  * token embedding forward and backward. */
 void mf_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute, int write_out);
+/* The mixture-of-experts MLP (moe_block.c): out = xmid + experts(ln2)
+ * (out NULL: computed into the work.dln row and dropped, for a rebuild whose
+ * output is not alive); recompute: reuse the kept routing decision. Its
+ * backward: dln = d(ln2) from d(out) in dres (the residual's part stays in
+ * dres). Plan: the rows of layer l's acts (acts/racts moe[]) and the
+ * backward scratch. */
+void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2,
+                          const float *xmid, float *out, int N, int recompute);
+void mf_moe_block_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2, int N);
 void mf_block_backward(mf_model *m, mf_arena *a, int l, int B, int T);
 void mf_model_rope_fill(mf_model *m, mf_arena *a, int T);
 /* The embedding block (res[0] from the inputs; rope table) and its

@@ -111,6 +111,10 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     /* --base_dtype: the frozen Conv1D weights (2-D, inside a block) are
      * stored quantised; embeddings, LayerNorms and biases stay fp32 */
     t->qkind = t->frozen && ndim == 2 && layer >= 0 ? m->lora.base : 0;
+    /* the mixture of experts' router stays fp32 under a quantised base (it
+     * is small); the experts are stored quantised and dequantised a layer
+     * at a time into work.moe.dequant (moe_block.c) */
+    if (strstr(name, ".block_sparse_moe.gate.")) t->qkind = 0;
     /* a Llama's frozen embedding and head under a quantised base: bf16
      * (a gather reads rows, so no block format; the issue's "bf16
      * embeddings" for QLoRA). GPT-2 keeps them fp32. */
@@ -243,6 +247,19 @@ static int gemm_shapes(const mf_dims *d, int N, int R, int train, gemm_shape_fn 
         if (fn(ctx, N, out, in, 0, !io, acc, bias)) return -1;
         if (train && ((io ? fn(ctx, in, out, N, 1, 0, 1, 0) : fn(ctx, out, in, N, 1, 0, 1, 0)) ||
                       fn(ctx, N, in, out, 0, io, dx_acc, 0)))
+            return -1;
+    }
+    if (d->n_experts > 0) {
+        /* the mixture of experts (kernels/moe.c): the router on N rows,
+         * each expert's SwiGLU on at most G rows (its largest group) */
+        int64_t G;
+        int E = d->n_experts, F = d->ffn;
+        if (mf_moe_buffer_sizes(NULL, NULL, &G, N, d->top_k, E, C, F, d->capacity_factor)) return -1;
+        int g = (int)G;
+        if (fn(ctx, N, E, C, 0, 1, 0, 0) || fn(ctx, g, F, C, 0, 1, 0, 0) || fn(ctx, g, C, F, 0, 1, 0, 0)) return -1;
+        if (train && (fn(ctx, E, C, N, 1, 0, 1, 0) || fn(ctx, N, C, E, 0, 0, 1, 0) || fn(ctx, g, F, C, 0, 0, 0, 0) ||
+                      fn(ctx, C, F, g, 1, 0, 1, 0) || fn(ctx, F, C, g, 1, 0, 1, 0) || fn(ctx, g, C, F, 0, 0, 0, 0) ||
+                      fn(ctx, g, C, F, 0, 0, 1, 0)))
             return -1;
     }
     int rows[3] = {R, 1, N < R ? N : R};
@@ -383,19 +400,70 @@ static void declare_llama_tensors(mf_model *m, adder *ad) {
         int bias = k == MF_LT_QB || k == MF_LT_KB || k == MF_LT_VB;
         m->lt[k] = k > MF_LT_DOWN || (bias && !d->qkv_bias) ? -1 : n++;
     }
+    int64_t E = d->n_experts;
+    if (E > 0) {
+        /* Mixtral: block_sparse_moe.gate (the router) and the experts'
+         * w1/w3/w2 stacked expert after expert, one row each (hf.c maps
+         * HF's experts.{e}.w1.weight to slices of them) */
+        m->lt[MF_LT_GATE] = m->lt[MF_LT_UP] = m->lt[MF_LT_DOWN] = -1;
+        n = 0;
+        for (int k = 0; k <= MF_LT_LN2; k++)
+            if (m->lt[k] >= 0) m->lt[k] = n++;
+        for (int k = MF_LT_ROUTER; k <= MF_LT_W2; k++) m->lt[k] = n++;
+    }
     m->nlt = n;
-    for (int l = 0; l < mf_model_weight_sets(d); l++)  /* shared: only the sets exist */
+    for (int l = 0; l < mf_model_weight_sets(d); l++) {  /* shared: only the sets exist */
         for (int k = 0; k < MF_LT_COUNT; k++) {
-            if (m->lt[k] < 0) continue;
+            if (m->lt[k] < 0 || k >= MF_LT_ROUTER) continue;
             char nm[96];
             snprintf(nm, sizeof nm, "model.layers.%d.%s", l, nm_[k]);
             add_tensor(m, ad, nm, l, cols[k] ? 2 : 1, rows[k], cols[k], rows[k], cols[k] ? 1 : 0);
         }
+        if (E <= 0) continue;
+        char nm[96];
+        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        add_tensor(m, ad, nm, l, 2, E, C, E, 1);
+        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.w1.weight", l);
+        add_tensor(m, ad, nm, l, 2, E * I, C, E * I, 1);
+        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.w3.weight", l);
+        add_tensor(m, ad, nm, l, 2, E * I, C, E * I, 1);
+        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.w2.weight", l);
+        add_tensor(m, ad, nm, l, 2, E * C, I, E * C, 1);
+    }
     m->t_normf = m->n_tensors, m->n_normf = 1;
     add_tensor_role(m, ad, "model.norm.weight", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
     if (!d->tied) {
         m->t_head = m->n_tensors;
         add_tensor_role(m, ad, "lm_head.weight", MF_ROLE_HEAD, -1, 2, d->Vp, C, d->V, 1);
+    }
+}
+
+/* Layer l's mixture-of-experts rows (mf_moe_buf's up to the backward
+ * scratch, each its mf_moe_buffer_sizes bytes): the router's state (probs,
+ * lse, topk_idx, topk_w, frac) is kept from the layer's forward (f) to its
+ * backward (e) under every recompute policy, so a rebuilt block reuses the
+ * routing decision; the permutation and the experts' activations are kept,
+ * or, when the whole block is rebuilt, live in recompute slot s like the
+ * block's other rows (fw, bw: the slot's lifetimes). */
+static void moe_layer_rows(mf_model *m, adder *ad, int l, mf_layer_acts *A, mf_layer_acts *R, int whole, int s, int f,
+                           int e, const int fw[2], const int bw[2], const size_t *bytes) {
+    char nm[64];
+    for (int b = 0; b < MF_MOE_BUF_DLOGITS; b++) {
+        mf_dtype dt = b == MF_MOE_BUF_TOPK_IDX || b == MF_MOE_BUF_OFFSETS || b == MF_MOE_BUF_SLOT_ROW ? MF_DTYPE_I32
+                                                                                                    : MF_DTYPE_F32;
+        int64_t n = (int64_t)(bytes[b] / 4);
+        const char *bn = mf_moe_buf_name((mf_moe_buf)b);
+        if (whole && b > MF_MOE_BUF_FRAC) {
+            if (l == s) {
+                snprintf(nm, sizeof nm, "act.slot%d.fwd.%s", s, bn);
+                A->moe[b] = add(ad, nm, MF_CAT_ACTS, dt, 1, n, 0, 0, 0, fw[0], fw[1], -1);
+                snprintf(nm, sizeof nm, "act.slot%d.bwd.%s", s, bn);
+                R->moe[b] = add(ad, nm, MF_CAT_ACTS, dt, 1, n, 0, 0, 0, bw[0], bw[1], -1);
+            } else A->moe[b] = m->acts[s].moe[b], R->moe[b] = m->racts[s].moe[b];
+        } else {
+            snprintf(nm, sizeof nm, "act.h.%d.%s", l, bn);
+            A->moe[b] = R->moe[b] = add(ad, nm, MF_CAT_ACTS, dt, 1, n, 0, 0, 0, f, e, l);
+        }
     }
 }
 
@@ -433,6 +501,9 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
          * a gradient per layer (update in backward, ZeRO 2/3's per-layer
          * rows) and LoRA's per-layer adapters are refused, not approximated */
         if (lora && lora->r > 0) return mf_fail("share_layers %d: LoRA on a shared model is not supported; drop one", d->share);
+        if (d->n_experts > 0)
+            return mf_fail("share_layers %d: a mixture-of-experts model cannot share layers yet (untested); drop one",
+                           d->share);
         if (mode == MF_MODE_TRAIN && opt->in_backward)
             return mf_fail("share_layers %d: update_in_backward is not supported (a shared set's gradient is complete only "
                            "after its first block's backward); drop one", d->share);
@@ -470,6 +541,9 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (m->cdt != MF_DTYPE_F32 && m->opt.zero >= 1 && m->opt.world > 1)
         return mf_fail("precision %s with zero %d: ZeRO sharding of 16-bit weights is not supported yet (use zero 0 "
                        "or precision fp32)", m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16", m->opt.zero);
+    if (d->n_experts > 0 && m->cdt != MF_DTYPE_F32)
+        return mf_fail("precision %s: the mixture-of-experts kernels are fp32 only (use --precision fp32)",
+                       m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16");
     if (B < 1 || T < 1) return mf_fail("batch and seq must be >= 1 (got %d, %d)", B, T);
     if (T > d->maxT) return mf_fail("seq %d exceeds the model's block_size %d", T, d->maxT);
     m->d = *d;
@@ -571,6 +645,19 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
      * input gradient overwrites it. Only non-top blocks of a segment keep
      * theirs in a slot until their backward. */
     int sel = train && m->recompute.policy == MF_RECOMPUTE_SELECTIVE;
+    /* mixture of experts: each buffer's worst case (mf_moe_buffer_sizes)
+     * for N tokens and the run's capacity factor */
+    size_t moe_bytes[MF_MOE_BUF_COUNT];
+    for (int b = 0; b < MF_MOE_BUF_COUNT; b++) m->moe_work[b] = -1;
+    m->moe_deq_f = m->moe_deq_b = -1;
+    m->moe_capacity = 0, m->moe_rows = 0;
+    if (bd->mlp == MF_MLP_MOE &&
+        (mf_moe_buffer_sizes(moe_bytes, &m->moe_rows, NULL, (int)N, d->top_k, d->n_experts, (int)C, (int)I,
+                             d->capacity_factor) ||
+         mf_moe_capacity((int)N, d->top_k, d->n_experts, d->capacity_factor, &m->moe_capacity))) {
+        mf_model_free(m);
+        return -1;
+    }
     for (int l = 0; l < L; l++) {
         int f = mf_phase_layer_fwd(m, l), e = train ? mf_phase_layer_bwd(m, l) : f;
         int whole = l < m->auto_k || seg, s = seg ? l % seg : 0;
@@ -618,6 +705,12 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         ACT(ln2, 1, A->ln1, H, 2, N, C, 0, 0);
         if (ln_mean) { ACT(ln2_mean, 0, -1, F, 1, N, 0, 0, 0); }
         ACT(ln2_rstd, 0, -1, F, 1, N, 0, 0, 0);
+        for (int b = 0; b < MF_MOE_BUF_COUNT; b++) A->moe[b] = R->moe[b] = -1;
+        if (bd->mlp == MF_MLP_MOE) {
+            A->fch = R->fch = A->fch_gelu = R->fch_gelu = -1;
+            moe_layer_rows(m, &ad, l, A, R, whole, s, f, e, fw, bw, moe_bytes);
+            continue;
+        }
         ACT(fch, 0, -1, F, 2, N, I, 0, 0);
         if (bd->mlp == MF_MLP_SWIGLU) { ACT(up, 0, -1, F, 2, N, I, 0, 0); }
         ACT(fch_gelu, 1, whole ? A->fch : -1, H, 2, N, I, 0, 0);
@@ -647,7 +740,13 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         int h0 = mf_phase_head_bwd(m), l0 = mf_phase_layer_bwd(m, L - 1), l1 = mf_phase_layer_bwd(m, 0);
         m->dres = add(&ad, "work.dresidual", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, h0, mf_phase_emb_bwd(m), -1);
         m->dln = add(&ad, "work.dln", MF_CAT_WORK, MF_DTYPE_F32, 2, N, AO > C ? AO : C, 0, 0, hf, l1, -1);
-        m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, I, 0, 0, l0, l1, -1);
+        if (bd->mlp == MF_MLP_MOE)  /* the experts' backward scratch instead of the dense MLP's */
+            for (int b = MF_MOE_BUF_DLOGITS; b < MF_MOE_BUF_COUNT; b++) {
+                snprintf(nm, sizeof nm, "work.%s", mf_moe_buf_name((mf_moe_buf)b));
+                m->moe_work[b] = add(&ad, nm, MF_CAT_WORK, MF_DTYPE_F32, 1, (int64_t)(moe_bytes[b] / 4), 0, 0, 0, l0,
+                                     l1, -1);
+            }
+        else m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, I, 0, 0, l0, l1, -1);
         m->dqkv = add(&ad, "work.dqkv", MF_CAT_WORK, MF_DTYPE_F32, 2, N, QKV, 0, 0, l0, l1, -1);
         /* sized for the model's longest sequence, not T, so a batch of
          * longer sequences (fewer rows) fits the plan: the trainer's
@@ -698,6 +797,16 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         m->qscr_bytes = (size_t)qs;
         m->qscr_f = add(&ad, "work.quant_gemm.fwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, mf_phase_layer_fwd(m, 0),
                         bd->bf16_frozen_embed ? mf_phase_head_fwd(m) : mf_phase_layer_fwd(m, L - 1), -1);
+    }
+    if (bd->mlp == MF_MLP_MOE && m->lora.base && m->lora.r > 0) {
+        /* quantised experts: one layer's three stacks dequantised to fp32
+         * for the kernels, a row for forward phases and one for backward */
+        int64_t n = 3 * (int64_t)d->n_experts * I * C;
+        int f0 = mf_phase_layer_fwd(m, 0), f1 = mf_phase_layer_fwd(m, L - 1);
+        m->moe_deq_f = add(&ad, "work.moe.dequant.fwd", MF_CAT_WORK, MF_DTYPE_F32, 1, n, 0, 0, 0, f0, f1, -1);
+        if (train)
+            m->moe_deq_b = add(&ad, "work.moe.dequant.bwd", MF_CAT_WORK, MF_DTYPE_F32, 1, n, 0, 0, 0,
+                               mf_phase_layer_bwd(m, L - 1), mf_phase_layer_bwd(m, 0), -1);
     }
     if (m->cdt != MF_DTYPE_F32 && !ad.err) {
         /* 16-bit: rounded GEMM operands that are not kept */

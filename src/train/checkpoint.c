@@ -73,6 +73,20 @@ static int read_row(void *ctx, uint64_t off, void *buf, size_t len) {
     return mf_offstate_row_io(r->t, r->tensor, r->id, off, buf, len, 0);
 }
 
+/* Mixtral's experts: the model stacks each layer's w1/w3/w2 expert after
+ * expert (model.layers.{i}.block_sparse_moe.experts.w1.weight), HF folders
+ * hold experts.{e}.w1.weight. The position of ".w1.weight" in a stacked
+ * name, or -1; the HF name of expert e. */
+static int moe_expert_slot(const char *name) {
+    const char *p = strstr(name, ".block_sparse_moe.experts.w");
+    if (!p || strlen(p) != strlen(".block_sparse_moe.experts.w1.weight")) return -1;
+    return (int)(p - name) + (int)strlen(".block_sparse_moe.experts");
+}
+static void moe_expert_name(char *out, const char *stacked, int e) {
+    int at = moe_expert_slot(stacked);
+    snprintf(out, 96, "%.*s.%d%s", at, stacked, e, stacked + at);
+}
+
 static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, param_reader *pr, char (*names)[96],
                        int with_optim) {
     const mf_model *m = &t->model;
@@ -102,6 +116,20 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
          * they are with master_weights 0 */
         int wr = mf_tensor_weights_row(x);
         mf_dtype wdt = t->plan.bufs[wr].dtype;
+        int E = m->d.n_experts;
+        if (!with_optim && E > 0 && !x->qkind && !zero3(t) && moe_expert_slot(x->name) >= 0) {
+            /* a weights file is an HF folder's: Mixtral's experts one
+             * tensor each (experts.{e}.w1.weight), slices of the stack */
+            int64_t rows = x->shape[0] / E;
+            for (int ex = 0; ex < E; ex++, n++) {
+                moe_expert_name(names[n], x->name, ex);
+                e[n] = (mf_st_entry){.name = names[n], .dtype = wdt, .ndim = 2, .shape = {rows, x->shape[1]},
+                                     .data = (char *)mf_arena_ptr(&t->arena, wr) +
+                                             (size_t)(ex * rows * x->shape[1]) * mf_dtype_size(wdt),
+                                     .nbytes = (size_t)(rows * x->shape[1]) * mf_dtype_size(wdt)};
+            }
+            continue;
+        }
         snprintf(names[n], 96, "%s", x->name);
         e[n].name = names[n];
         e[n].dtype = wdt;
@@ -159,7 +187,8 @@ static int save(const mf_trainer *t, const char *path_in, int with_optim) {
             if (gather_tensor((mf_trainer *)t, i)) return -1;
         return 0;
     }
-    int nt = t->model.n_tensors * (with_optim ? 1 + MF_OPTIM_STATES : 1);
+    /* (a weights file writes each of E experts' slices of the 3 stacks as its own tensor) */
+    int nt = t->model.n_tensors * (with_optim ? 1 + MF_OPTIM_STATES : 1) + 3 * t->d.L * t->model.d.n_experts;
     mf_st_entry *e = calloc((size_t)nt, sizeof *e);
     char (*names)[96] = calloc((size_t)nt, sizeof *names);
     row_reader *rd = calloc((size_t)nt, sizeof *rd);
@@ -228,7 +257,7 @@ static void sink_fp16_to_f32(void *dst, size_t off, const void *src, size_t len)
 }
 
 static int load_found(const mf_trainer *t, const mf_st_file *f, const mf_st_tensor *s, const char *path,
-                      const char *name, const mf_tensor *x, int id);
+                      const char *name, const mf_tensor *x, int id, int64_t off);
 
 /* Copies tensor `name` (prefix + Hugging Face name) into buffer `id`. */
 static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *path, const char *prefix,
@@ -242,14 +271,14 @@ static int load_tensor(const mf_trainer *t, const mf_st_file *f, const char *pat
         s = mf_st_find(f, alt);
     }
     if (!s) return mf_fail("%s: tensor '%s' is missing", path, name);
-    return load_found(t, f, s, path, name, x, id);
+    return load_found(t, f, s, path, name, x, id, 0);
 }
 
 /* Copies file tensor s (tensor `name` of file `path`) into buffer `id` of
  * model tensor x: F32 as it is; BF16 and F16 files widened into fp32 rows
  * (HF folders are mostly 16-bit); F32 rounded into a bf16 row. */
 static int load_found(const mf_trainer *t, const mf_st_file *f, const mf_st_tensor *s, const char *path,
-                      const char *name, const mf_tensor *x, int id) {
+                      const char *name, const mf_tensor *x, int id, int64_t off) {
     int64_t want[2] = {x->rows_file, x->shape[1]};
     if (s->dtype == MF_DTYPE_U8) {
         /* a quantised model's block matrix (memfit quantize): its packed
@@ -286,7 +315,8 @@ static int load_found(const mf_trainer *t, const mf_st_file *f, const mf_st_tens
         drop_pages(s->data, s->nbytes);
         return 0;
     }
-    void *dst = mf_arena_ptr(&t->arena, id);
+    /* off: the first element of x in the row (one expert of a stack) */
+    void *dst = (char *)mf_arena_ptr(&t->arena, id) + (size_t)off * mf_dtype_size(rdt);
     size_t have = s->nbytes;
     mf_st_sink_fn sink = sink_copy;
     if (to16) {
@@ -359,6 +389,40 @@ static int ignorable(const char *name) {
            (n > 16 && strcmp(name + n - 16, ".attn.masked_bias") == 0);
 }
 
+/* A quantised frozen expert stack (QLoRA on Mixtral): experts.{e}.wN.weight
+ * of every expert, each verified F32 of the slice's shape, packed as one
+ * tensor, the values streamed from the files' maps in stack order */
+typedef struct { const float *src[4096]; int64_t per; } expert_src;
+static void expert_fill(void *ctx, float *buf, int64_t lo, int64_t len) {
+    const expert_src *es = ctx;
+    for (int64_t k = 0; k < len; k++) buf[k] = es->src[(lo + k) / es->per][(lo + k) % es->per];
+}
+static int load_experts_quant(mf_trainer *t, mf_st_file *f, int opened, char **files, const char *dir,
+                              const mf_tensor *x) {
+    int E = t->model.d.n_experts;
+    if (E > 4096) return mf_fail("%s: %d experts (at most 4096 load into a quantised base)", dir, E);
+    expert_src *es = malloc(sizeof *es);
+    if (!es) return mf_fail("out of memory");
+    int64_t rows = x->shape[0] / E;
+    es->per = rows * x->shape[1];
+    int rc = 0;
+    for (int ex = 0; ex < E && !rc; ex++) {
+        char nm[96];
+        moe_expert_name(nm, x->name, ex);
+        const mf_st_tensor *s = NULL;
+        int k = 0;
+        for (; k < opened && !s; k++) s = mf_st_find(&f[k], nm);
+        if (!s) rc = mf_fail("%s: tensor '%s' is missing (config.json describes a model that has it)", dir, nm);
+        else if (s->dtype != MF_DTYPE_F32 || s->ndim != 2 || s->shape[0] != rows || s->shape[1] != x->shape[1])
+            rc = mf_fail("%s: tensor '%s' must be F32 [%lld, %lld] to be packed into a quantised base", files[k - 1], nm,
+                         (long long)rows, (long long)x->shape[1]);
+        else if (!(rc = mf_st_stream(&f[k - 1], s, NULL, NULL))) es->src[ex] = s->data;
+    }
+    if (!rc) rc = mf_quant_pack_stream((mf_quant_kind)x->qkind, mf_arena_ptr(&t->arena, x->p), x->numel, expert_fill, es);
+    free(es);
+    return rc;
+}
+
 /* A Hugging Face folder (model.safetensors or its shards): every tensor of
  * the model by its HF name, in whichever file holds it; a tensor the model
  * does not have is refused (a tied model ignores a stored lm_head, and
@@ -379,12 +443,35 @@ static int load_hf_folder(mf_trainer *t, const char *dir) {
         if (x->lora) continue;
         const mf_st_tensor *s = NULL;
         int k = 0;
+        if (t->model.d.n_experts > 0 && moe_expert_slot(x->name) >= 0) {
+            /* Mixtral: expert e's tensor into its slice of the stack */
+            int E = t->model.d.n_experts;
+            mf_tensor xe = *x;
+            xe.shape[0] = xe.rows_file = x->shape[0] / E;
+            xe.numel = xe.shape[0] * x->shape[1];
+            xe.qkind = 0;
+            if (x->ps >= 0) { rc = mf_fail("%s: Mixtral experts do not load under ZeRO 3 yet", dir); break; }
+            if (x->qkind) {  /* a quantised base: the E tensors packed as one stack */
+                rc = load_experts_quant(t, f, opened, files, dir, x);
+                continue;
+            }
+            for (int ex = 0; ex < E && !rc; ex++) {
+                char nm[96];
+                moe_expert_name(nm, x->name, ex);
+                s = NULL;
+                for (k = 0; k < opened && !s; k++) s = mf_st_find(&f[k], nm);
+                if (!s) rc = mf_fail("%s: tensor '%s' is missing (config.json describes a model that has it)", dir, nm);
+                else rc = load_found(t, &f[k - 1], s, files[k - 1], nm, &xe, mf_tensor_weights_row(x), ex * xe.numel);
+            }
+            if (!rc) mf_model_sync_params(&t->model, &t->arena, i, 1);
+            continue;
+        }
         for (; k < opened && !s; k++) s = mf_st_find(&f[k], x->name);
         if (!s) {
             rc = mf_fail("%s: tensor '%s' is missing (config.json describes a model that has it)", dir, x->name);
             break;
         }
-        rc = load_found(t, &f[k - 1], s, files[k - 1], x->name, x, mf_tensor_weights_row(x));
+        rc = load_found(t, &f[k - 1], s, files[k - 1], x->name, x, mf_tensor_weights_row(x), 0);
         if (!rc) mf_model_sync_params(&t->model, &t->arena, i, 1);
         if (!rc && x->ps >= 0)
             memcpy(mf_arena_ptr(&t->arena, x->ps), (float *)mf_arena_ptr(&t->arena, x->p) + x->lo,
@@ -397,6 +484,12 @@ static int load_hf_folder(mf_trainer *t, const char *dir) {
             int known = (t->model.t_head < 0 && strcmp(nm, "lm_head.weight") == 0) ||
                         (n > 22 && strcmp(nm + n - 22, "rotary_emb.inv_freq") == 0);
             for (int j = 0; j < t->model.n_tensors && !known; j++) known = strcmp(nm, t->model.tensors[j].name) == 0;
+            for (int j = 0; j < t->model.n_tensors && !known && t->model.d.n_experts > 0; j++)
+                for (int ex = 0; moe_expert_slot(t->model.tensors[j].name) >= 0 && ex < t->model.d.n_experts && !known; ex++) {
+                    char en[96];
+                    moe_expert_name(en, t->model.tensors[j].name, ex);
+                    known = strcmp(nm, en) == 0;
+                }
             if (!known) rc = mf_fail("%s: unexpected tensor '%s' (config.json describes no such tensor)", files[k], nm);
         }
     for (int k = 0; k < opened; k++) mf_st_close(&f[k]);

@@ -1,0 +1,114 @@
+/* The mixture-of-experts MLP of the block library (Mixtral's
+ * block_sparse_moe): a linear router picks k of E SwiGLU experts per token
+ * and the token's output is the routing-weighted sum of theirs, on the
+ * kernels of src/kernels/moe.c (docs/moe.md). Every buffer is a plan row
+ * (plan.c: acts moe[] per layer or recompute slot, m->moe_work for
+ * backward), sized by mf_moe_buffer_sizes for the worst case the plan
+ * allows; the step computes the capacity from the tokens it runs (fewer
+ * than planned fit smaller rows).
+ *
+ * Losses: each layer's load-balancing aux loss (HF's formula on that
+ * layer's router) and z-loss; the model's are the means over the layers,
+ * added to the training loss times router_aux_loss_coef and
+ * router_z_loss_coef (driver.c). HF Mixtral instead computes one aux over
+ * every layer's router logits concatenated; the two agree for a uniform
+ * router, not in general (docs/moe.md). */
+#include "internal.h"
+
+#include "memfit/kernels.h"
+#include "memfit/quant.h"
+
+#include <string.h>
+
+#define BUF(id) ((float *)mf_arena_get(a, (id)))
+#define LT_I(l, k) (m->t_layer0 + mf_model_weight_set(&m->d, l) * m->nlt + m->lt[k])  /* shared: l's set */
+
+static mf_moe_dims moe_dims(const mf_model *m, int N) {
+    mf_moe_dims d = {.N = N, .C = m->d.C, .F = m->d.ffn, .E = m->d.n_experts, .k = m->d.top_k,
+                     .norm_topk_prob = m->d.norm_topk_prob, .capacity = 0};
+    /* the capacity of this forward's tokens (<= the planned one) */
+    if (mf_moe_capacity(N, d.k, d.E, m->d.capacity_factor, &d.capacity)) mf_panic("moe: %s", mf_error());
+    return d;
+}
+
+static mf_moe_route route_of(mf_arena *a, const mf_layer_acts *A) {
+    mf_moe_route r = {BUF(A->moe[MF_MOE_BUF_PROBS]), BUF(A->moe[MF_MOE_BUF_LSE]),
+                      (int32_t *)mf_arena_get(a, A->moe[MF_MOE_BUF_TOPK_IDX]), BUF(A->moe[MF_MOE_BUF_TOPK_W]),
+                      BUF(A->moe[MF_MOE_BUF_FRAC])};
+    return r;
+}
+
+static mf_moe_acts acts_of(mf_arena *a, const mf_layer_acts *A) {
+    mf_moe_acts x = {(int32_t *)mf_arena_get(a, A->moe[MF_MOE_BUF_OFFSETS]),
+                     (int32_t *)mf_arena_get(a, A->moe[MF_MOE_BUF_SLOT_ROW]), BUF(A->moe[MF_MOE_BUF_XP]),
+                     BUF(A->moe[MF_MOE_BUF_H1]), BUF(A->moe[MF_MOE_BUF_H3]), BUF(A->moe[MF_MOE_BUF_HA]),
+                     BUF(A->moe[MF_MOE_BUF_YP])};
+    return x;
+}
+
+/* Layer l's expert stacks as fp32: the parameter rows, or under a
+ * quantised frozen base (QLoRA) the three stacks dequantised into the
+ * phase's work.moe.dequant row (backward's rebuild and backward share it) */
+static void expert_weights(mf_model *m, mf_arena *a, int l, const float **w1, const float **w3, const float **w2) {
+    int i1 = LT_I(l, MF_LT_W1), i3 = LT_I(l, MF_LT_W3), i2 = LT_I(l, MF_LT_W2);
+    const mf_tensor *t1 = &m->tensors[i1];
+    if (!t1->qkind) {
+        *w1 = mf_model_tensor_p(m, a, i1), *w3 = mf_model_tensor_p(m, a, i3), *w2 = mf_model_tensor_p(m, a, i2);
+        return;
+    }
+    int bwd = m->mode == MF_MODE_TRAIN && a->phase >= mf_phase_head_bwd(m);
+    float *deq = BUF(bwd ? m->moe_deq_b : m->moe_deq_f);
+    int64_t n = t1->numel;  /* E*F*C, the same for all three */
+    const int ids[3] = {i1, i3, i2};
+    for (int k = 0; k < 3; k++)
+        mf_quant_unpack((mf_quant_kind)m->tensors[ids[k]].qkind, deq + k * n, mf_model_tensor_p(m, a, ids[k]), 0, n);
+    *w1 = deq, *w3 = deq + n, *w2 = deq + 2 * n;
+}
+
+void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2,
+                          const float *xmid, float *out, int N, int recompute) {
+    mf_moe_dims d = moe_dims(m, N);
+    mf_moe_route r = route_of(a, A);
+    mf_moe_acts x = acts_of(a, A);
+    const float *wg = mf_model_tensor_p(m, a, LT_I(l, MF_LT_ROUTER)), *w1, *w3, *w2;
+    expert_weights(m, a, l, &w1, &w3, &w2);
+    int dropped = 0;
+    if (!recompute) {
+        /* route once; a rebuild reads the kept decision (topk_idx, topk_w) */
+        double aux = 0, z = 0;
+        if (mf_moe_router_forward(&r, &aux, &z, ln2, wg, &d)) mf_panic("moe: %s", mf_error());
+        m->moe_aux += aux / m->d.L, m->moe_z += z / m->d.L;
+    }
+    if (mf_moe_dispatch(&x, &dropped, &r, &d)) mf_panic("moe: %s", mf_error());
+    if (!recompute) m->moe_dropped += dropped;
+    /* a rebuild whose output row is not alive writes y into work.dln (free
+     * until this layer's backward starts) */
+    float *y = out ? out : BUF(m->dln);
+    if (mf_moe_experts_forward(y, &x, ln2, &r, w1, w3, w2, &d)) mf_panic("moe: %s", mf_error());
+    if (!out) return;
+    size_t n = (size_t)N * m->d.C;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] += xmid[i];
+}
+
+void mf_moe_block_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2, int N) {
+    mf_moe_dims d = moe_dims(m, N);
+    mf_moe_route r = route_of(a, A);
+    mf_moe_acts x = acts_of(a, A);
+    mf_moe_work w = {BUF(m->moe_work[MF_MOE_BUF_DLOGITS]), BUF(m->moe_work[MF_MOE_BUF_DTOPK_W]),
+                     BUF(m->moe_work[MF_MOE_BUF_DYP]), BUF(m->moe_work[MF_MOE_BUF_DH1]),
+                     BUF(m->moe_work[MF_MOE_BUF_DH3])};
+    const float *wg = mf_model_tensor_p(m, a, LT_I(l, MF_LT_ROUTER)), *w1, *w3, *w2;
+    /* (a rebuild in this phase already dequantised them; again is cheaper
+     * than tracking it) */
+    expert_weights(m, a, l, &w1, &w3, &w2);
+    float *dwg = mf_model_tensor_g(m, a, LT_I(l, MF_LT_ROUTER));
+    float *dw1 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W1)), *dw3 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W3));
+    float *dw2 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W2));
+    float *dln = BUF(m->dln), *dres = BUF(m->dres);
+    memset(dln, 0, (size_t)N * m->d.C * sizeof(float));
+    if (mf_moe_experts_backward(dln, dw1, dw3, dw2, &w, dres, &x, &r, w1, w3, w2, &d) ||
+        mf_moe_router_backward(dln, dwg, &w, &r, ln2, wg, m->d.aux_coef * m->moe_gscale / m->d.L,
+                               m->d.z_coef * m->moe_gscale / m->d.L, &d))
+        mf_panic("moe: %s", mf_error());
+}

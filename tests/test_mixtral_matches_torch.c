@@ -1,0 +1,319 @@
+/* memfit's mixture-of-experts model (Mixtral: src/model/moe_block.c on
+ * src/kernels/moe.c) against PyTorch (tests/ref/mixtral_torch.py, written
+ * from HF MixtralSparseMoeBlock's semantics; attention from llama_torch.py).
+ * For each case the reference writes an HF Mixtral folder (config.json with
+ * num_local_experts / num_experts_per_tok / router_aux_loss_coef, experts one
+ * tensor each), memfit loads it with --init DIR, and
+ *   - logits agree within 1e-5 relative (1e-6 absolute),
+ *   - the loss (cross-entropy + aux/z terms), the aux and z losses, within
+ *     1e-5; every gradient (router and stacked experts included) within 1e-4
+ *     relative (1e-6 absolute),
+ *   - 10 AdamW steps with clipping: losses within 1e-5, final weights within
+ *     5% of lr; with a capacity factor the dropped-slot count of every step
+ *     equals the reference's, and the step's planned peak equals the ledger's.
+ * Cases: top-2 with the aux loss; top-1 without it; top-2 with aux and
+ * z-loss; top-2 with a capacity factor 0.5 that drops slots.
+ * Then on moe-tiny (capacity 0.75, so the permutation rows are in play):
+ * recompute none, selective and full give bit-identical losses over 4
+ * steps, each with planned == ledger; QLoRA on the reference's folder (experts
+ * packed NF4 / int8 from the files, LoRA on attention): first loss within
+ * the quantisation error of PyTorch's, planned == ledger; and bad settings
+ * fail with one line. */
+#include "memfit/io.h"
+#include "memfit/train.h"
+#include "testutil.h"
+#include "trainutil.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <string.h>
+
+#define T_ 24
+#define B_ 2
+#define V_ 256
+
+static void set_common(mf_config *c, const char *tok) {
+    const char *kv[][2] = {{"seq", "24"}, {"batch", "2"}, {"tokenizer", "bytes"}, {"lr", "1e-3"}, {"warmup", "0"},
+                           {"min_lr_frac", "1"}, {"weight_decay", "0.1"}, {"beta1", "0.9"}, {"beta2", "0.95"},
+                           {"eps", "1e-8"}, {"grad_clip", "1.0"}, {"val_fraction", "0"}, {"sample_tokens", "0"},
+                           {"steps", "10"}, {"threads", "2"}, {"loss_chunk", "0"}};
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) CHECK(mf_config_set(c, kv[i][0], kv[i][1]) == 0, "%s", mf_error());
+    mf_config_set(c, "data", tok);
+}
+
+static double jnum(cJSON *j, const char *k) {
+    cJSON *x = cJSON_GetObjectItem(j, k);
+    return cJSON_IsNumber(x) ? x->valuedouble : NAN;
+}
+
+static void run_case(const char *src, const char *name, const char *args, const char *cf) {
+    char dir[] = "/tmp/memfit-mixtral-parity-XXXXXX", cmd[2048], p[1200];
+    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    printf("== %s: %s\n", name, args);
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 %s/tests/ref/mixtral_torch.py make-case --out %s --vocab %d --seq %d --batch %d %s",
+             src, dir, V_, T_, B_, args);
+    if (system(cmd) != 0) { CHECK(0, "reference failed: %s (needs /usr/bin/python3 with python3-torch)", cmd); return; }
+    mf_st_file batch, ref;
+    snprintf(p, sizeof p, "%s/batch.safetensors", dir);
+    if (mf_st_open(&batch, p)) { CHECK(0, "%s", mf_error()); return; }
+    const mf_st_tensor *in = mf_st_find(&batch, "inputs"), *tg = mf_st_find(&batch, "targets");
+    CHECK(in && tg && in->dtype == MF_DTYPE_I32, "batch tensors");
+    if (!in || !tg) { mf_st_close(&batch); return; }
+    const int32_t *iv = in->data, *tv = tg->data;
+    uint16_t ids[B_ * T_ + 1];
+    for (int i = 0; i < B_ * T_; i++) ids[i] = (uint16_t)iv[i];
+    ids[B_ * T_] = (uint16_t)tv[B_ * T_ - 1];
+    char tok[1200];
+    snprintf(tok, sizeof tok, "%s/batch.tok", dir);
+    CHECK(mf_tokfile_write(tok, MF_TOK_BYTES, 256, ids, B_ * T_ + 1) == 0, "%s", mf_error());
+    snprintf(p, sizeof p, "%s/ref.json", dir);
+    char *js = mf_test_read_text(p);
+    cJSON *j = js ? cJSON_Parse(js) : NULL;
+    CHECK(j != NULL, "ref.json");
+
+    mf_config c;
+    mf_config_defaults(&c);
+    set_common(&c, tok);
+    snprintf(p, sizeof p, "%s/hf", dir);
+    mf_config_set(&c, "init", p);
+    if (cf) CHECK(mf_config_set(&c, "capacity_factor", cf) == 0, "%s", mf_error());
+    mf_trainer t;
+    if (mf_trainer_init(&t, &c, MF_MODE_TRAIN)) { CHECK(0, "%s", mf_error()); mf_st_close(&batch); return; }
+    snprintf(p, sizeof p, "%s/ref.safetensors", dir);
+    if (mf_st_open(&ref, p)) { CHECK(0, "%s", mf_error()); mf_trainer_free(&t); mf_st_close(&batch); return; }
+    mf_arena_step(&t.arena);
+    mf_model_zero_grads(&t.model, &t.arena);
+    mf_trainer_load_batch(&t);
+    mf_model_forward(&t.model, &t.arena, B_, T_, 0, 0.0f);
+    const mf_st_tensor *rl = mf_st_find(&ref, "logits");
+    CHECK(rl && rl->nbytes == (size_t)B_ * T_ * V_ * 4, "ref logits");
+    for (int r = 0; rl && r < B_ * T_; r++) {
+        char what[32];
+        snprintf(what, sizeof what, "logits row %d", r);
+        if (!mf_test_compare(what, mf_model_logits(&t.model, &t.arena, T_, r / T_, r % T_),
+                             (const float *)rl->data + (size_t)r * V_, V_, 1e-5, 1e-6)) break;
+    }
+    mf_arena_step(&t.arena);
+    double loss = mf_model_forward(&t.model, &t.arena, B_, T_, 1, 1.0f / (B_ * T_));
+    mf_model_backward(&t.model, &t.arena, B_, T_);
+    CHECK(j && mf_close(loss, jnum(j, "loss"), 1e-5, 0), "loss memfit %.9g torch %.9g", loss, jnum(j, "loss"));
+    CHECK(j && mf_close(t.model.moe_aux, jnum(j, "aux"), 1e-5, 1e-7), "aux memfit %.9g torch %.9g", t.model.moe_aux,
+          jnum(j, "aux"));
+    CHECK(j && mf_close(t.model.moe_z, jnum(j, "z"), 1e-5, 1e-7), "z memfit %.9g torch %.9g", t.model.moe_z, jnum(j, "z"));
+    CHECK(j && t.model.moe_dropped == (int64_t)jnum(j, "dropped"), "dropped memfit %lld torch %g",
+          (long long)t.model.moe_dropped, jnum(j, "dropped"));
+    int ng = 0;
+    for (int i = 0; i < t.model.n_tensors; i++) {
+        const mf_tensor *x = &t.model.tensors[i];
+        char nm[128];
+        snprintf(nm, sizeof nm, "grad.%s", x->name);
+        const mf_st_tensor *g = mf_st_find(&ref, nm);
+        size_t n = (size_t)(x->rows_file * (x->ndim > 1 ? x->shape[1] : 1));
+        CHECK(g && g->nbytes == n * 4, "reference gradient %s", nm);
+        if (g) ng += mf_test_compare(nm, mf_arena_ptr(&t.arena, x->g), g->data, n, 1e-4, 1e-6);
+    }
+    printf("loss %.9g (torch %.9g), aux %.6f z %.6f dropped %lld; logits and %d of %d gradients agree\n", loss,
+           jnum(j, "loss"), t.model.moe_aux, t.model.moe_z, (long long)t.model.moe_dropped, ng, t.model.n_tensors);
+    mf_trainer_free(&t);
+
+    cJSON *losses = j ? cJSON_GetObjectItem(j, "losses") : NULL, *drops = j ? cJSON_GetObjectItem(j, "dropped_steps") : NULL;
+    CHECK(cJSON_GetArraySize(losses) == 10 && cJSON_GetArraySize(drops) == 10, "ref.json losses");
+    if (mf_trainer_init(&t, &c, MF_MODE_TRAIN) == 0) {
+        for (int s = 0; s < 10 && losses && drops; s++) {
+            mf_step_stats st;
+            CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
+            double want = cJSON_GetArrayItem(losses, s)->valuedouble;
+            CHECK(mf_close(st.loss, want, 1e-5, 0), "step %d loss memfit %.9g torch %.9g", s, st.loss, want);
+            int wd = cJSON_GetArrayItem(drops, s)->valueint;
+            CHECK(t.model.moe_dropped == wd, "step %d dropped memfit %lld torch %d", s, (long long)t.model.moe_dropped, wd);
+            if (s == 0 || s == 9) printf("step %d loss %.7f torch %.7f dropped %lld\n", s, st.loss, want,
+                                         (long long)t.model.moe_dropped);
+        }
+        CHECK(t.plan.peak_bytes == t.ledger.peak_total, "planned peak %zu, ledger peak %zu", t.plan.peak_bytes,
+              t.ledger.peak_total);
+        for (int i = 0; i < t.model.n_tensors; i++) {
+            const mf_tensor *x = &t.model.tensors[i];
+            char nm[128];
+            snprintf(nm, sizeof nm, "final.%s", x->name);
+            const mf_st_tensor *w = mf_st_find(&ref, nm);
+            size_t n = (size_t)(x->rows_file * (x->ndim > 1 ? x->shape[1] : 1));
+            CHECK(w && w->nbytes == n * 4, "final %s", x->name);
+            if (w) mf_test_compare(nm, mf_arena_ptr(&t.arena, x->p), w->data, n, 1e-4, 5e-5);
+        }
+        mf_trainer_free(&t);
+    } else CHECK(0, "%s", mf_error());
+    cJSON_Delete(j);
+    free(js);
+    mf_st_close(&ref);
+    mf_st_close(&batch);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
+}
+
+/* moe-tiny on seeded bytes: the losses of 4 steps under a recompute policy */
+static int run_policy(const char *tok, const char *policy, double *losses) {
+    mf_config c;
+    mf_config_defaults(&c);
+    set_common(&c, tok);
+    const char *kv[][2] = {{"model", "moe-tiny"}, {"seq", "32"}, {"batch", "4"}, {"steps", "4"},
+                           {"capacity_factor", "0.75"}, {"router_z_loss_coef", "0.001"}, {"recompute", policy}};
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) CHECK(mf_config_set(&c, kv[i][0], kv[i][1]) == 0, "%s", mf_error());
+    mf_trainer t;
+    if (mf_trainer_init(&t, &c, MF_MODE_TRAIN)) { CHECK(0, "%s: %s", policy, mf_error()); return -1; }
+    int64_t dropped = 0;
+    for (int s = 0; s < 4; s++) {
+        mf_step_stats st;
+        CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
+        losses[s] = st.loss;
+        dropped += t.model.moe_dropped;
+    }
+    CHECK(t.plan.peak_bytes == t.ledger.peak_total, "%s: planned peak %zu, ledger peak %zu", policy, t.plan.peak_bytes,
+          t.ledger.peak_total);
+    printf("recompute %-9s losses %.9g .. %.9g, %lld slots dropped, plan %zu == ledger %zu\n", policy, losses[0],
+           losses[3], (long long)dropped, t.plan.peak_bytes, t.ledger.peak_total);
+    CHECK(dropped > 0, "capacity 0.75 drops slots");
+    mf_trainer_free(&t);
+    return 0;
+}
+
+static void recompute_policies(void) {
+    char dir[] = "/tmp/memfit-mixtral-rc-XXXXXX", tok[256];
+    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    uint16_t ids[4096];
+    uint64_t s = 12345;
+    for (int i = 0; i < 4096; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (uint16_t)(s >> 56);
+    }
+    snprintf(tok, sizeof tok, "%s/c.tok", dir);
+    CHECK(mf_tokfile_write(tok, MF_TOK_BYTES, 256, ids, 4096) == 0, "%s", mf_error());
+    double base[4], l[4];
+    if (run_policy(tok, "none", base) == 0) {
+        const char *pol[] = {"selective", "full"};
+        for (int k = 0; k < 2; k++)
+            if (run_policy(tok, pol[k], l) == 0)
+                for (int i = 0; i < 4; i++)
+                    CHECK(l[i] == base[i], "recompute %s step %d loss %.17g, none %.17g", pol[k], i, l[i], base[i]);
+    }
+    remove(tok);
+    rmdir(dir);
+}
+
+/* QLoRA on a Mixtral folder: the experts (and attention) packed NF4 / int8
+ * straight from the reference's F32 folder, LoRA on q_proj, v_proj (lora_B
+ * starts at 0, so the first loss is the quantised base's): the expert stacks
+ * are quantised rows, the first loss within the quantisation's error of
+ * PyTorch's fp32 loss, int8 closer than NF4, planned == ledger */
+static void qlora_case(const char *src) {
+    char dir[] = "/tmp/memfit-mixtral-qlora-XXXXXX", cmd[2048], p[1200];
+    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/ref/mixtral_torch.py make-case --out %s --vocab %d --seq %d "
+             "--batch %d --steps 1 --seed 4 >/dev/null", src, dir, V_, T_, B_);
+    if (system(cmd) != 0) { CHECK(0, "reference failed: %s", cmd); return; }
+    snprintf(p, sizeof p, "%s/ref.json", dir);
+    char *js = mf_test_read_text(p);
+    cJSON *j = js ? cJSON_Parse(js) : NULL;
+    double want = j ? jnum(j, "loss") : NAN, err[2] = {NAN, NAN};
+    const char *kinds[2] = {"nf4", "int8"};
+    for (int q = 0; q < 2; q++) {
+        uint16_t ids[B_ * T_ + 1];
+        mf_st_file batch;
+        snprintf(p, sizeof p, "%s/batch.safetensors", dir);
+        if (mf_st_open(&batch, p)) { CHECK(0, "%s", mf_error()); break; }
+        const int32_t *iv = mf_st_find(&batch, "inputs")->data, *tv = mf_st_find(&batch, "targets")->data;
+        for (int i = 0; i < B_ * T_; i++) ids[i] = (uint16_t)iv[i];
+        ids[B_ * T_] = (uint16_t)tv[B_ * T_ - 1];
+        mf_st_close(&batch);
+        char tok[1200];
+        snprintf(tok, sizeof tok, "%s/batch.tok", dir);
+        CHECK(mf_tokfile_write(tok, MF_TOK_BYTES, 256, ids, B_ * T_ + 1) == 0, "%s", mf_error());
+        mf_config c;
+        mf_config_defaults(&c);
+        set_common(&c, tok);
+        snprintf(p, sizeof p, "%s/hf", dir);
+        mf_config_set(&c, "init", p);
+        mf_config_set(&c, "lora", "r=4,alpha=8,targets=q_proj,v_proj");
+        mf_config_set(&c, "base_dtype", kinds[q]);
+        mf_config_set(&c, "recompute", "full");
+        mf_trainer t;
+        if (mf_trainer_init(&t, &c, MF_MODE_TRAIN)) { CHECK(0, "%s: %s", kinds[q], mf_error()); continue; }
+        const mf_tensor *w1 = &t.model.tensors[t.model.t_layer0 + t.model.lt[MF_LT_W1]];
+        CHECK(w1->qkind && t.plan.bufs[w1->p].dtype == MF_DTYPE_U8 && w1->g < 0, "%s: %s is not a quantised frozen row",
+              kinds[q], w1->name);
+        mf_step_stats st;
+        CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
+        err[q] = fabs(st.loss - want);
+        CHECK(t.plan.peak_bytes == t.ledger.peak_total, "%s: planned %zu, ledger %zu", kinds[q], t.plan.peak_bytes,
+              t.ledger.peak_total);
+        printf("QLoRA %s base: first loss %.7f, PyTorch fp32 %.7f (|diff| %.2e), plan == ledger %zu\n", kinds[q],
+               st.loss, want, err[q], t.ledger.peak_total);
+        mf_trainer_free(&t);
+    }
+    CHECK(err[0] < 2e-2 && err[1] < err[0], "quantised-base losses off by %g (nf4), %g (int8)", err[0], err[1]);
+    cJSON_Delete(j);
+    free(js);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
+}
+
+/* checkpoint metadata: the dims string carries the experts and round-trips
+ * them; a dense Llama's string is what it was before experts existed */
+static void dims_roundtrip(void) {
+    int n;
+    const mf_preset *ps = mf_model_presets(&n);
+    for (int i = 0; i < n; i++) {
+        mf_dims d = ps[i].d, back;
+        if (d.arch != MF_ARCH_LLAMA) continue;
+        d.z_coef = d.n_experts ? 0.125f : 0.0f;
+        char s[512];
+        mf_model_dims_str(&d, s, sizeof s);
+        CHECK(mf_model_dims_parse(s, &back) == 0, "%s: %s", s, mf_error());
+        CHECK(back.n_experts == d.n_experts && back.top_k == d.top_k && back.norm_topk_prob == d.norm_topk_prob &&
+              back.aux_coef == d.aux_coef && back.z_coef == d.z_coef && back.L == d.L && back.ffn == d.ffn,
+              "%s: dims string does not round-trip: %s", ps[i].name, s);
+        CHECK(!strstr(s, "moe:") == !d.n_experts, "%s: %s", ps[i].name, s);
+        if (strcmp(ps[i].name, "mixtral-8x7b") == 0) printf("dims %s\n", s);
+    }
+    mf_dims bad;
+    CHECK(mf_model_dims_parse("llama:2,64,8,2,8,64,256,256,0,0,0,1e-05,1000000,0,0,0,0,0,MixtralForCausalLM,moe:4,5,1,0.02,0",
+                              &bad) != 0, "top_k 5 of 4 experts accepted from a dims string");
+}
+
+static void bad_settings(void) {
+    const char *cases[][3] = {
+        {"num_experts_per_tok", "5", "num_experts_per_tok 5 must be between 1 and num_local_experts 4"},
+        {"capacity_factor", "0", "capacity_factor 0 must be > 0"},
+        {"capacity_factor", "-1", "capacity_factor"},
+        {"precision", "bf16", "mixture-of-experts kernels are fp32 only"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mf_config c;
+        mf_config_defaults(&c);
+        mf_config_set(&c, "model", "moe-tiny");
+        mf_config_set(&c, "seq", "32");
+        mf_dims d;
+        mf_plan plan;
+        mf_model m;
+        int rc = mf_config_set(&c, cases[i][0], cases[i][1]);
+        if (rc == 0) rc = mf_model_build_plan(&c, MF_MODE_TRAIN, 1, 0, &d, &plan, &m);
+        CHECK(rc != 0 && strstr(mf_error(), cases[i][2]) && !strchr(mf_error(), '\n'),
+              "--%s %s: want one line with '%s', got rc %d '%s'", cases[i][0], cases[i][1], cases[i][2], rc, mf_error());
+        if (rc == 0) { mf_model_free(&m); mf_plan_free(&plan); }
+        else printf("--%s %s: %s\n", cases[i][0], cases[i][1], mf_error());
+    }
+}
+
+int main(void) {
+    const char *src = getenv("MEMFIT_SRC");
+    src = src ? src : "..";
+    run_case(src, "top-2, aux loss", "--top_k 2 --aux_coef 0.02", NULL);
+    run_case(src, "top-1, no aux loss", "--top_k 1 --aux_coef 0", NULL);
+    run_case(src, "top-2, aux and z-loss", "--top_k 2 --aux_coef 0.05 --z_coef 0.01 --seed 2", NULL);
+    run_case(src, "top-2, capacity factor 0.5 drops slots", "--top_k 2 --capacity_factor 0.5 --seed 3", "0.5");
+    recompute_policies();
+    qlora_case(src);
+    dims_roundtrip();
+    bad_settings();
+    return mf_test_done("test_mixtral_matches_torch");
+}
