@@ -202,6 +202,20 @@ void mf_optim_update(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], flo
 int mf_optim_update_bf16(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, uint16_t *p16,
                          const float *g, const mf_optim_shape *s, float lr, float wd, int t, float gscale);
 
+/* master_weights 0 (bf16 weights, no fp32 copy): a tensor is updated a
+ * slice at a time, widened into a planned fp32 scratch of this many
+ * elements and rounded back stochastically, so the scratch is small and
+ * the result does not depend on the slicing (element-wise rounding seeds,
+ * slices of whole quantisation blocks). Adafactor's row and column
+ * statistics span the tensor: it takes the whole tensor at once. */
+#define MF_OPTIM_SLICE (1 << 18)
+int64_t mf_optim_slice(const mf_optim *o, const mf_optim_shape *s);
+/* out[k] = st[k] advanced to element e0 of the tensor (e0 a multiple of
+ * its quantisation block): per-element rows by e0 elements, 8-bit AdamW's
+ * absmax rows by e0 / block. Not for adafactor. */
+void mf_optim_state_at(const mf_optim *o, const mf_optim_shape *s, void *const st[MF_OPTIM_STATES], int64_t e0,
+                       void *out[MF_OPTIM_STATES]);
+
 /* Dynamic loss scaling for fp16 training, with the semantics of PyTorch's
  * torch.cuda.amp.GradScaler: the loss is multiplied by scale before
  * backward; mf_scaler_unscale multiplies the gradients by 1/scale and

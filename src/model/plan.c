@@ -690,13 +690,20 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             m->dlogits16 = add(&ad, "work.dlogits16", MF_CAT_WORK, m->cdt, 2, m->chunk_rows, d->Vp, 0, 0, hf, hf, -1);
         }
         if (train && !m->opt.master) {
-            /* master_weights 0: each 16-bit tensor is widened here, updated,
-             * and rounded back stochastically; the largest is wte */
+            /* master_weights 0: each 16-bit tensor is widened here a slice
+             * at a time (mf_optim_slice: 2^18 elements, adafactor whole
+             * tensors), updated, and rounded back stochastically; under
+             * update_in_backward the updates run from the head to the
+             * embedding's backward */
             int64_t mx = 0;
-            for (int i = 0; i < m->n_tensors; i++)
-                if (mf_tensor_is16(m, &m->tensors[i]) && m->tensors[i].numel > mx) mx = m->tensors[i].numel;
-            int po = mf_phase_optim(m);
-            m->upd32 = add(&ad, "work.update_f32", MF_CAT_WORK, MF_DTYPE_F32, 1, mx, 0, 0, 0, po, po, -1);
+            for (int i = 0; i < m->n_tensors; i++) {
+                const mf_tensor *x = &m->tensors[i];
+                int64_t sl = mf_optim_slice(&m->opt, &x->os);
+                if (mf_tensor_is16(m, x) && !x->frozen && sl > mx) mx = sl;
+            }
+            if (mx < 1) mx = 1;
+            int po = mf_phase_optim(m), p0 = m->opt.in_backward ? hf : po;
+            m->upd32 = add(&ad, "work.update_f32", MF_CAT_WORK, MF_DTYPE_F32, 1, mx, 0, 0, 0, p0, po, -1);
         }
     }
     if (!ad.err) {

@@ -43,9 +43,8 @@ int mf_optim_init(mf_optim *o, const mf_config *cfg) {
     if (o->compute == MF_DTYPE_F16 && cfg->update_in_backward)
         return mf_fail("precision fp16 cannot update in backward: a step with inf/NaN gradients must be skipped whole "
                        "(loss scaling); use precision bf16, or turn update_in_backward off");
-    if (o->compute == MF_DTYPE_BF16 && !cfg->master_weights && (cfg->update_in_backward || cfg->offload[0]))
-        return mf_fail("master_weights 0 cannot be combined with update_in_backward or offload yet; "
-                       "keep master_weights 1");
+    if (o->compute == MF_DTYPE_BF16 && !cfg->master_weights && cfg->offload[0] && strcmp(cfg->optimizer, "adafactor") == 0)
+        return mf_fail("master_weights 0 with offload: adafactor's state cannot be offloaded; drop offload");
     if (o->in_backward && cfg->grad_accum > 1)
         return mf_fail("update_in_backward needs grad_accum 1 (each update would see one micro-batch); "
                        "raise batch instead, or turn update_in_backward off");
@@ -173,4 +172,30 @@ int mf_optim_update_bf16(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES],
     }
     mf_adamw_update16(p, p16, g, st_ptr[0], st_ptr[1], (size_t)numel, lr, o->beta1, o->beta2, o->eps, wd, t, gscale);
     return 1;
+}
+
+int64_t mf_optim_slice(const mf_optim *o, const mf_optim_shape *s) {
+    int64_t numel = s->rows * s->cols;
+    if (o->kind == MF_OPTIM_ADAFACTOR) return numel;
+    int64_t b = mf_optim_block(o, s), k = MF_OPTIM_SLICE / b;
+    int64_t n = (k > 0 ? k : 1) * b;
+    return n < numel ? n : numel;
+}
+
+void mf_optim_state_at(const mf_optim *o, const mf_optim_shape *s, void *const st[MF_OPTIM_STATES], int64_t e0,
+                       void *out[MF_OPTIM_STATES]) {
+    for (int k = 0; k < MF_OPTIM_STATES; k++) out[k] = NULL;
+    int64_t numel = s->rows * s->cols;
+    if (o->kind == MF_OPTIM_ADAFACTOR) mf_panic("adafactor updates whole tensors");
+    if (q8(o, numel)) {
+        int64_t b = mf_optim_block(o, s);
+        if (e0 % b) mf_panic("state slice at %lld is not on a %lld-element block", (long long)e0, (long long)b);
+        out[0] = (uint8_t *)st[0] + e0;
+        out[1] = (uint8_t *)st[1] + e0;
+        out[2] = (float *)st[2] + e0 / b;
+        out[3] = (float *)st[3] + e0 / b;
+        return;
+    }
+    for (int k = 0; k < MF_OPTIM_STATES; k++)  /* fp32 AdamW m, v; SGD's momentum */
+        if (st[k]) out[k] = (float *)st[k] + e0;
 }

@@ -459,6 +459,33 @@ void mf_trainer_free(mf_trainer *t) {
     memset(t, 0, sizeof *t);
 }
 
+void mf_trainer_update16(mf_trainer *t, int i, void *const st[MF_OPTIM_STATES], int64_t e0, int64_t n, float gscale) {
+    mf_model *m = &t->model;
+    mf_arena *a = &t->arena;
+    const mf_tensor *x = &m->tensors[i];
+    const mf_optim *o = &m->opt;
+    /* master_weights 0: widen a slice of the bf16 weights (exact) into
+     * work.update_f32, update it in fp32, round it back stochastically
+     * (llm.c) with element-wise bits from a counter-based stream of (seed,
+     * step, tensor, element), so runs and resumes repeat and the slicing
+     * (whole tensor, update_in_backward, offload chunks) changes nothing */
+    float *w32 = mf_arena_get(a, m->upd32);
+    mf_bf16 *w16 = (mf_bf16 *)mf_arena_get(a, x->p) + e0;
+    const float *g = (const float *)mf_arena_get(a, x->g) + e0;
+    uint64_t seed = t->cfg.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)(t->step + 1) << 16) ^ (uint64_t)i;
+    float wd = x->decay ? (float)t->cfg.weight_decay : 0.0f;
+    int64_t S = mf_optim_slice(o, &x->os);
+    for (int64_t off = 0; off < n; off += S) {
+        int64_t len = n - off < S ? n - off : S;
+        void *sst[MF_OPTIM_STATES];
+        if (o->kind == MF_OPTIM_ADAFACTOR) memcpy(sst, st, sizeof sst);
+        else mf_optim_state_at(o, &x->os, st, off, sst);
+        mf_f32_from_bf16(w32, w16 + off, (size_t)len);
+        mf_optim_update_range(o, sst, w32, g + off, &x->os, len, (float)t->lr, wd, t->step + 1, gscale);
+        mf_bf16_from_f32_sr(w16 + off, w32, (size_t)len, seed, (uint64_t)(e0 + off));
+    }
+}
+
 /* Updates tensors [first, first+n) from their gradients (times gscale). */
 static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
     mf_model *m = &t->model;
@@ -474,16 +501,7 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
          * into the compute copy */
         const float *g = x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo;
         if (x->mw < 0 && mf_tensor_is16(m, x)) {
-            /* master_weights 0: widen the bf16 weights (exact), update in
-             * fp32, round back stochastically (llm.c), from a counter-based
-             * stream of (seed, step, tensor) so runs and resumes repeat */
-            float *w32 = mf_arena_get(a, m->upd32);
-            mf_bf16 *w16 = mf_arena_get(a, x->p);
-            mf_f32_from_bf16(w32, w16, (size_t)x->numel);
-            mf_optim_update(&m->opt, st, w32, g, &x->os, (float)t->lr,
-                            x->decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
-            uint64_t seed = c->seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)(t->step + 1) << 16) ^ (uint64_t)i;
-            mf_bf16_from_f32_sr(w16, w32, (size_t)x->numel, seed, 0);
+            mf_trainer_update16(t, i, st, 0, x->numel, gscale);
             continue;
         }
         float *p = x->ps >= 0 ? (float *)mf_arena_get(a, x->ps) : (float *)mf_arena_get(a, mf_tensor_weights_row(x)) + x->lo;
