@@ -166,10 +166,9 @@ void mf_optim_update(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], flo
 int mf_optim_update_bf16(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, uint16_t *p16,
                          const float *g, const mf_optim_shape *s, float lr, float wd, int t, float gscale) {
     int64_t numel = s->rows * s->cols;
-    if (!adam_fp32(o, numel)) {
-        mf_optim_update(o, st_ptr, p, g, s, lr, wd, t, gscale);
-        return 0;
-    }
+    /* the other optimizers: the caller updates (and rounds) itself; updating
+     * here too applied their step twice */
+    if (!adam_fp32(o, numel)) return 0;
     mf_adamw_update16(p, p16, g, st_ptr[0], st_ptr[1], (size_t)numel, lr, o->beta1, o->beta2, o->eps, wd, t, gscale);
     return 1;
 }
