@@ -91,6 +91,17 @@ int mf_model_grads_transient(const mf_model *m) {
     return m->opt.in_backward || (m->opt.zero >= 2 && m->opt.world > 1);
 }
 
+/* The tied embedding's update split by rows (model.h, emb_split): exact
+ * for optimizers whose update of a row reads only that row (AdamW, 8-bit
+ * AdamW when its blocks are whole rows, SGD), not for Adafactor's row and
+ * column statistics; one process, no ZeRO shard, no LoRA. */
+int mf_model_emb_split(const mf_model *m) {
+    if (m->mode != MF_MODE_TRAIN || !m->opt.in_backward || !m->d.tied || m->lora.r > 0) return 0;
+    if (m->opt.kind == MF_OPTIM_ADAFACTOR || (m->opt.zero >= 1 && m->opt.world > 1)) return 0;
+    mf_optim_shape s = {2, m->d.Vp, m->d.C, 1};
+    return m->d.C % mf_optim_block(&m->opt, &s) == 0;
+}
+
 static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role role, int layer, int ndim,
                             int64_t d0, int64_t d1, int64_t file_rows, int decay_2d) {
     mf_tensor *t = &m->tensors[m->n_tensors++];
@@ -170,6 +181,7 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
         int g0 = 0, g1 = last;
         if (mf_model_grads_transient(m)) {
             if (layer >= 0) g0 = g1 = mf_phase_layer_bwd(m, layer);
+            else if (role == MF_ROLE_EMB && mf_model_emb_split(m)) g0 = g1 = mf_phase_head_fwd(m);
             else if (role == MF_ROLE_EMB) g0 = m->d.tied ? mf_phase_head_fwd(m) : mf_phase_emb_bwd(m), g1 = mf_phase_emb_bwd(m);
             else if (role == MF_ROLE_POS) g0 = g1 = mf_phase_emb_bwd(m);
             else if (role == MF_ROLE_HEAD) g0 = g1 = mf_phase_head_fwd(m);  /* the untied head: with the loss */
@@ -451,6 +463,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     m->overlap = m->opt.zero == 2 && m->opt.world > 1 && !m->opt.in_backward && !(ov && strcmp(ov, "0") == 0);
     m->cdt = mode == MF_MODE_TRAIN ? m->opt.compute : MF_DTYPE_F32;  /* forward-only plans are fp32 */
     m->in16 = m->dout16 = m->dlogits16 = m->gemm_scratch = m->upd32 = -1;
+    m->emb_rows = m->emb_index = m->emb_map = -1;
     if (m->cdt != MF_DTYPE_F32 && m->opt.zero >= 1 && m->opt.world > 1)
         return mf_fail("precision %s with zero %d: ZeRO sharding of 16-bit weights is not supported yet (use zero 0 "
                        "or precision fp32)", m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16", m->opt.zero);
@@ -638,6 +651,14 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
          * run-time split (mf_model_fits); nthreads x (block_size - T) floats */
         m->attn_scratch = add(&ad, "work.attn_bwd", MF_CAT_WORK, MF_DTYPE_F32, 1,
                               (int64_t)mf_flash_attention_scratch_floats(d->maxT, d->hd, nthreads), 0, 0, 0, l0, l1, -1);
+    }
+    m->emb_split = !ad.err && mf_model_emb_split(m) && !m->tensors[m->t_emb].frozen;
+    if (m->emb_split) {
+        /* the tied embedding's touched rows, from the head to the embedding's backward */
+        int eb = mf_phase_emb_bwd(m);
+        m->emb_rows = add(&ad, "grad.wte.rows", MF_CAT_GRADS, MF_DTYPE_F32, 2, N, C, 0, 0, hf, eb, -1);
+        m->emb_index = add(&ad, "work.emb_index", MF_CAT_WORK, MF_DTYPE_I32, 1, 2 * N, 0, 0, 0, hf, eb, -1);
+        m->emb_map = add(&ad, "work.emb_map", MF_CAT_WORK, MF_DTYPE_I32, 1, d->Vp, 0, 0, 0, hf, hf, -1);
     }
     if (bd->rope) {
         /* rotary cos/sin for the positions a forward can have (the run-time
