@@ -43,8 +43,6 @@ int mf_optim_init(mf_optim *o, const mf_config *cfg) {
     if (o->compute == MF_DTYPE_F16 && cfg->update_in_backward)
         return mf_fail("precision fp16 cannot update in backward: a step with inf/NaN gradients must be skipped whole "
                        "(loss scaling); use precision bf16, or turn update_in_backward off");
-    if (o->compute == MF_DTYPE_BF16 && !cfg->master_weights && cfg->offload[0] && strcmp(cfg->optimizer, "adafactor") == 0)
-        return mf_fail("master_weights 0 with offload: adafactor's state cannot be offloaded; drop offload");
     if (o->in_backward && cfg->grad_accum > 1)
         return mf_fail("update_in_backward needs grad_accum 1 (each update would see one micro-batch); "
                        "raise batch instead, or turn update_in_backward off");
