@@ -13,7 +13,8 @@ typedef struct {
     const char *L, *C, *H, *T, *B, *accum;
     int infer;
     const char *prec, *master, *recompute;
-    int uib;          /* update_in_backward (grad_clip 0): transient gradients, the tied embedding split by rows */
+    int uib;          /* 1: update_in_backward (grad_clip 0): transient gradients, the tied embedding split by
+                       * rows; 2: that and pure_bf16 (bf16 AdamW moments); 3: pure_bf16 alone */
     const char *opt;  /* optimizer, default adamw */
 } shape;
 
@@ -40,6 +41,8 @@ int main(void) {
         {"2", "32", "4", "16", "2", "1", 0, "bf16", "1", "none", 1, "adamw"},
         {"4", "16", "2", "13", "5", "1", 0, "bf16", "0", "selective", 1, "sgd"},
         {"2", "48", "3", "24", "2", "1", 0, "bf16", "0", "every:2", 1, "adafactor"},
+        {"3", "64", "8", "32", "3", "1", 0, "bf16", "0", "full", 2, "adamw"},      /* pure_bf16, in backward */
+        {"2", "32", "4", "16", "2", "2", 0, "bf16", "0", "none", 3, "adamw"},      /* pure_bf16, accumulated */
     };
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         const shape *s = &shapes[k];
@@ -58,7 +61,8 @@ int main(void) {
             mf_config_set(&c, "recompute", s->recompute);
             mf_config_set(&c, "sample_tokens", "4");
         }
-        if (s->uib) mf_config_set(&c, "update_in_backward", "1"), mf_config_set(&c, "grad_clip", "0");
+        if (s->uib == 1 || s->uib == 2) mf_config_set(&c, "update_in_backward", "1"), mf_config_set(&c, "grad_clip", "0");
+        if (s->uib >= 2) mf_config_set(&c, "pure_bf16", "1");
         if (s->opt) mf_config_set(&c, "optimizer", s->opt), mf_config_set(&c, "momentum", "0.9");
         mf_trainer t;
         if (mf_trainer_init(&t, &c, s->infer ? MF_MODE_INFER : MF_MODE_TRAIN)) {

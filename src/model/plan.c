@@ -98,7 +98,7 @@ int mf_model_grads_transient(const mf_model *m) {
 int mf_model_emb_split(const mf_model *m) {
     if (m->mode != MF_MODE_TRAIN || !m->opt.in_backward || !m->d.tied || m->lora.r > 0) return 0;
     if (m->opt.kind == MF_OPTIM_ADAFACTOR || (m->opt.zero >= 1 && m->opt.world > 1)) return 0;
-    mf_optim_shape s = {2, m->d.Vp, m->d.C, 1};
+    mf_optim_shape s = {2, m->d.Vp, m->d.C, 1, m->cdt != MF_DTYPE_F32};
     return m->d.C % mf_optim_block(&m->opt, &s) == 0;
 }
 
@@ -113,7 +113,8 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     t->rows_file = file_rows;
     t->numel = d0 * (ndim > 1 ? d1 : 1);
     t->decay = decay_2d;
-    t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, role == MF_ROLE_EMB};
+    t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, role == MF_ROLE_EMB,
+                             m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS};
     t->lo = 0;
     t->hi = t->numel;
     /* LoRA: the adapters are trainable (category adapter), the base is frozen */
@@ -133,7 +134,7 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     if (shard) {
         /* ZeRO: the optimizer sees only this rank's slice of the elements */
         mf_dist_shard(t->numel, m->opt.world, m->opt.rank, &t->lo, &t->hi);
-        t->os = (mf_optim_shape){1, t->hi - t->lo, 1, 0};
+        t->os = (mf_optim_shape){1, t->hi - t->lo, 1, 0, 0};
     }
     int last = m->n_phases - 1;
     char nm[96];
@@ -719,7 +720,8 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             int64_t mx = 0;
             for (int i = 0; i < m->n_tensors; i++) {
                 const mf_tensor *x = &m->tensors[i];
-                int64_t sl = mf_optim_slice(&m->opt, &x->os);
+                /* pure_bf16: the slice's m and v are widened beside it */
+                int64_t sl = mf_optim_slice(&m->opt, &x->os) * (mf_optim_half(&m->opt, &x->os) ? 3 : 1);
                 if (mf_tensor_is16(m, x) && !x->frozen && sl > mx) mx = sl;
             }
             if (mx < 1) mx = 1;

@@ -475,13 +475,25 @@ void mf_trainer_update16(mf_trainer *t, int i, void *const st[MF_OPTIM_STATES], 
     uint64_t seed = t->cfg.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)(t->step + 1) << 16) ^ (uint64_t)i;
     float wd = x->decay ? (float)t->cfg.weight_decay : 0.0f;
     int64_t S = mf_optim_slice(o, &x->os);
+    int half = mf_optim_half(o, &x->os);
     for (int64_t off = 0; off < n; off += S) {
         int64_t len = n - off < S ? n - off : S;
         void *sst[MF_OPTIM_STATES];
         if (o->kind == MF_OPTIM_ADAFACTOR) memcpy(sst, st, sizeof sst);
         else mf_optim_state_at(o, &x->os, st, off, sst);
         mf_f32_from_bf16(w32, w16 + off, (size_t)len);
-        mf_optim_update_range(o, sst, w32, g + off, &x->os, len, (float)t->lr, wd, t->step + 1, gscale);
+        if (half) {
+            /* pure_bf16: m and v widened beside the weights, rounded back
+             * stochastically from streams of their own */
+            mf_bf16 *m16 = sst[0], *v16 = sst[1];
+            sst[0] = w32 + S, sst[1] = w32 + 2 * S;
+            mf_f32_from_bf16(sst[0], m16, (size_t)len);
+            mf_f32_from_bf16(sst[1], v16, (size_t)len);
+            mf_optim_update_range(o, sst, w32, g + off, &x->os, len, (float)t->lr, wd, t->step + 1, gscale);
+            mf_bf16_from_f32_sr(m16, sst[0], (size_t)len, seed ^ 0x6D6D6D6D00000000ull, (uint64_t)(e0 + off));
+            mf_bf16_from_f32_sr(v16, sst[1], (size_t)len, seed ^ 0x7676767600000000ull, (uint64_t)(e0 + off));
+        } else
+            mf_optim_update_range(o, sst, w32, g + off, &x->os, len, (float)t->lr, wd, t->step + 1, gscale);
         mf_bf16_from_f32_sr(w16 + off, w32, (size_t)len, seed, (uint64_t)(e0 + off));
     }
 }
