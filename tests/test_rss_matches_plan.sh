@@ -56,6 +56,8 @@ run gpt2-10m-B8-T256-bf16-nomaster-full --model gpt2-10m --batch 8 --seq 256 --s
 # update; the tied embedding's gradient split by rows) and with offload
 run gpt2-10m-B8-T256-bf16-nomaster-uib-8bit --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16 \
   --master_weights=0 --recompute full --optimizer adamw8bit --update_in_backward --grad_clip 0
+run gpt2-10m-B8-T256-pure-bf16-uib --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16 \
+  --master_weights=0 --pure_bf16 1 --update_in_backward --grad_clip 0
 run gpt2-10m-B8-T256-bf16-nomaster-offload --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16 \
   --master_weights=0 --offload "optimizer=disk:$W/state16.bin"
 run gpt2-10m-B8-T256-fp16 --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision fp16
