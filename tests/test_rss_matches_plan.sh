@@ -2,7 +2,8 @@
 # Peak RSS of real training runs is within max(3%, 32 MiB) of the measured
 # baseline plus the planned arena, and the ledger equals the plan, for
 # models from 1M to 124M parameters, every recompute policy, every
-# optimizer, every precision, LoRA on a frozen base (fp32 and NF4), and
+# optimizer, every precision (bf16 without master weights updated in
+# backward or from disk too), LoRA on a frozen base (fp32 and NF4), and
 # Llama-family models (from a preset and from a Hugging Face folder), a
 # mixture of experts, and chat data (JSONL, packed and not).
 # (Release build only: sanitizers change the process's memory.)
@@ -51,6 +52,14 @@ run gpt2-124m-B2-T256-adamw8bit-uib --model gpt2-124m --batch 2 --seq 256 --step
 # before the baseline (and the planner's choice of bf16 under a budget)
 run gpt2-10m-B8-T256-bf16 --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16
 run gpt2-10m-B8-T256-bf16-nomaster-full --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16 --master_weights=0 --recompute full
+# master_weights 0 with update_in_backward (the sliced stochastic-rounding
+# update; the tied embedding's gradient split by rows) and with offload
+run gpt2-10m-B8-T256-bf16-nomaster-uib-8bit --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16 \
+  --master_weights=0 --recompute full --optimizer adamw8bit --update_in_backward --grad_clip 0
+run gpt2-10m-B8-T256-pure-bf16-uib --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16 \
+  --master_weights=0 --pure_bf16 1 --update_in_backward --grad_clip 0
+run gpt2-10m-B8-T256-bf16-nomaster-offload --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16 \
+  --master_weights=0 --offload "optimizer=disk:$W/state16.bin"
 run gpt2-10m-B8-T256-fp16 --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision fp16
 run gpt2-124m-B2-T256-bf16 --model gpt2-124m --batch 2 --seq 256 --steps 1 --precision bf16
 # optimizer state in a file: resident state is the two windows

@@ -226,6 +226,17 @@ typedef struct {
     int in16;             /* 16-bit: (N,C) attention output rounded for c_proj, else -1 */
     int dout16;           /* 16-bit: (N,4C) a GEMM's output gradient rounded for its backward, else -1 */
     int dlogits16;        /* 16-bit: (chunk_rows,Vp) rounded d(loss)/d(logits), else -1 */
+    /* update_in_backward with the embedding tied to the head (docs/memory.md):
+     * the head's gradient (V x C) lives only in the head's phase; there the
+     * rows no input token touches are updated, and the touched rows move
+     * to emb_rows (one row per distinct input token) where the embedding's
+     * backward adds to them and the update finishes them */
+    int emb_split;        /* 1 when the above applies */
+    int emb_rows;         /* (N, C) fp32: the touched rows' gradient, head to embedding backward, else -1 */
+    int emb_index;        /* (2N) int32: each input position's slot in emb_rows, then the slots' token ids */
+    int emb_map;          /* (V) int32: token -> slot or -1, head phase only */
+    int emb_nuniq;        /* slots in use this micro-step */
+    int emb_stage;        /* grads_ready for the embedding: 1 = untouched rows (head), 2 = touched rows */
     int upd32;            /* bf16 without master weights: fp32 scratch (optimizer phase) the update of one
                            * 16-bit tensor runs in before stochastic rounding back, else -1 */
     int gemm_scratch;     /* the GEMM library's scratch (bytes below; fp32: only with the matmul backend), else -1 */
@@ -329,6 +340,9 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed);
  * when t is a 16-bit tensor without master weights). */
 int mf_tensor_weights_row(const mf_tensor *t);
 /* 1 when tensor t's parameter row is 16-bit. */
+/* update_in_backward with a tied embedding: updates split by rows (the
+ * model's emb_split; plain AdamW, 8-bit AdamW with a block per row, SGD). */
+int mf_model_emb_split(const mf_model *m);
 int mf_tensor_is16(const mf_model *m, const mf_tensor *t);
 /* Rounds the master weights of tensors [first, first+n) into their 16-bit
  * compute copies (nearest-even); tensors without a master row are skipped. */

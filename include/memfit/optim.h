@@ -154,6 +154,7 @@ typedef struct {
     float map_signed[256], map_unsigned[256];
     mf_dtype compute;              /* precision: F32, BF16 or F16 for GEMM weights and GEMM-input activations */
     int master;                    /* 16-bit compute: fp32 master weights kept (category master) */
+    int half_state;                /* pure_bf16: AdamW's m and v of 16-bit weights are bf16 (mf_optim_half) */
     int zero, world, rank;         /* ZeRO stage and this rank (set by the trainer, dist/): with zero >= 1 on
                                     * world > 1 ranks the state covers this rank's shard of each tensor */
 } mf_optim;
@@ -169,6 +170,7 @@ typedef struct {
     int ndim;           /* 1 or 2 */
     int64_t rows, cols; /* cols = 1 for a vector */
     int embedding;      /* rows are token embeddings (8-bit state: one block per row) */
+    int half;           /* a 16-bit weight: under pure_bf16 its AdamW moments are bf16 rows */
 } mf_optim_shape;
 
 /* Elements per quantisation block of tensor s under adamw8bit: a token
@@ -201,6 +203,24 @@ void mf_optim_update(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], flo
  * 0 when the caller still has to (the other optimizers). */
 int mf_optim_update_bf16(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, uint16_t *p16,
                          const float *g, const mf_optim_shape *s, float lr, float wd, int t, float gscale);
+
+/* master_weights 0 (bf16 weights, no fp32 copy): a tensor is updated a
+ * slice at a time, widened into a planned fp32 scratch of this many
+ * elements and rounded back stochastically, so the scratch is small and
+ * the result does not depend on the slicing (element-wise rounding seeds,
+ * slices of whole quantisation blocks). Adafactor's row and column
+ * statistics span the tensor: it takes the whole tensor at once. */
+#define MF_OPTIM_SLICE (1 << 18)
+int64_t mf_optim_slice(const mf_optim *o, const mf_optim_shape *s);
+/* 1 when tensor s keeps bf16 AdamW moments (pure_bf16): the update then
+ * widens a slice of m and v beside the weights and rounds all three back
+ * stochastically. */
+int mf_optim_half(const mf_optim *o, const mf_optim_shape *s);
+/* out[k] = st[k] advanced to element e0 of the tensor (e0 a multiple of
+ * its quantisation block): per-element rows by e0 elements, 8-bit AdamW's
+ * absmax rows by e0 / block. Not for adafactor. */
+void mf_optim_state_at(const mf_optim *o, const mf_optim_shape *s, void *const st[MF_OPTIM_STATES], int64_t e0,
+                       void *out[MF_OPTIM_STATES]);
 
 /* Dynamic loss scaling for fp16 training, with the semantics of PyTorch's
  * torch.cuda.amp.GradScaler: the loss is multiplied by scale before

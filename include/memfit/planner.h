@@ -81,6 +81,7 @@ typedef struct {
     char optimizer[16];
     char precision[8];    /* fp32 | bf16 | fp16 */
     int master;           /* 16-bit precision with fp32 master weights */
+    int pure;             /* pure_bf16: bf16 weights and AdamW moments */
     char lora[256];       /* "" (full fine-tuning) or the --lora spec */
     char base_dtype[8];   /* with lora: the frozen base's storage */
     int update_in_backward;

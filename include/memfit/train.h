@@ -161,6 +161,12 @@ int mf_trainer_sample(mf_trainer *t, const char *prompt, int n, FILE *out);
 /* Offloaded optimizer state (offload_state.c): the chunk map and the file,
  * its "no steps yet" contents, one streamed update, and byte access to a
  * state row by its logical offset (for checkpoints). */
+/* master_weights 0: updates elements [e0, e0+n) of 16-bit tensor i (e0 on
+ * a quantisation block) a slice at a time through work.update_f32, st[]
+ * and g pointing at element e0's state and gradient, rounding back
+ * stochastically. */
+void mf_trainer_update16(mf_trainer *t, int i, void *const st[MF_OPTIM_STATES], int64_t e0, int64_t n, const float *g,
+                         float gscale);
 int mf_offstate_open(mf_trainer *t);
 void mf_offstate_close(mf_trainer *t);
 int mf_offstate_zero(mf_trainer *t);

@@ -250,7 +250,11 @@ void mf_embed_block_forward(mf_model *m, mf_arena *a, int B, int T) {
 void mf_embed_block_backward(mf_model *m, mf_arena *a, int B, int T) {
     if (m->tensors[m->t_emb].frozen) return;
     const int32_t *inp = mf_arena_get(a, m->inputs);
-    float *dres = BUF(m->dres), *dwte = mf_model_tensor_g(m, a, m->t_emb);
+    /* update_in_backward, tied (emb_split): the touched rows live in
+     * emb_rows, a slot per distinct token (driver.c), and each position's
+     * slot stands in for its token, so the sums run in the same order */
+    if (m->emb_split) inp = mf_arena_get(a, m->emb_index);
+    float *dres = BUF(m->dres), *dwte = m->emb_split ? BUF(m->emb_rows) : mf_model_tensor_g(m, a, m->t_emb);
     const int32_t *pos = mf_model_doc_pos(m, a);
     if (mf_model_block_desc(&m->d)->learned_pos && pos) {
         mf_embed_backward(dwte, dres, inp, B * T, m->d.C);

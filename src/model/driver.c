@@ -229,6 +229,36 @@ int mf_model_fits(const mf_model *m, int B, int T) {
     return 1;
 }
 
+/* update_in_backward with a tied embedding (emb_split): the head's part of
+ * the gradient is complete. Each distinct input token gets a slot in
+ * emb_rows (in order of first appearance), its row of the head's gradient
+ * moves there (and is zeroed in the full gradient), and the optimizer
+ * updates every other row now (stage 1); the full gradient then dies. */
+static void emb_split_head(mf_model *m, mf_arena *a, int N) {
+    int C = m->d.C;
+    const int32_t *inp = mf_arena_get(a, m->inputs);
+    int32_t *map = mf_arena_get(a, m->emb_map), *slot = mf_arena_get(a, m->emb_index);
+    int32_t *uniq = slot + (int64_t)m->B * m->T;  /* the planned rows: the second half of emb_index */
+    float *g = tensor_g(m, a, WTE), *rows = BUF(m->emb_rows);
+    memset(map, 0xff, (size_t)m->d.Vp * sizeof *map);
+    int U = 0;
+    for (int n = 0; n < N; n++) {
+        int32_t tok = inp[n];
+        if (map[tok] < 0) {
+            map[tok] = U;
+            uniq[U] = tok;
+            memcpy(rows + (size_t)U * C, g + (size_t)tok * C, (size_t)C * sizeof *rows);
+            memset(g + (size_t)tok * C, 0, (size_t)C * sizeof *g);
+            U++;
+        }
+        slot[n] = map[tok];
+    }
+    m->emb_nuniq = U;
+    m->emb_stage = 1;
+    grads_done(m, WTE, 1);
+    m->emb_stage = 2;
+}
+
 /* The head and the loss, after the final norm wrote lnf: logits = lnf
  * W_head^T (the embedding tied, or lm_head; 16-bit operands in 16-bit
  * precision; a frozen bf16 head dequantised a tile at a time). Sampling
@@ -305,6 +335,7 @@ static double head_loss(mf_model *m, mf_arena *a, int B, int T, int HW, int use_
         if (dln) mf_classifier_backward(dln + (size_t)r0 * C, dwte, logits, x, wte, rows, C, Vp);
     }
     if (dln && HW != WTE) grads_done(m, HW, 1);  /* an untied head's gradient is complete */
+    if (dln && HW == WTE && m->emb_split) emb_split_head(m, a, N);
     m->logits_all = 0;
     mf_sgemm_scratch(NULL, 0);
     /* the mean over the targets that count (MF_TARGET_IGNORE ones do not),

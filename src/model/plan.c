@@ -91,6 +91,17 @@ int mf_model_grads_transient(const mf_model *m) {
     return m->opt.in_backward || (m->opt.zero >= 2 && m->opt.world > 1);
 }
 
+/* The tied embedding's update split by rows (model.h, emb_split): exact
+ * for optimizers whose update of a row reads only that row (AdamW, 8-bit
+ * AdamW when its blocks are whole rows, SGD), not for Adafactor's row and
+ * column statistics; one process, no ZeRO shard, no LoRA. */
+int mf_model_emb_split(const mf_model *m) {
+    if (m->mode != MF_MODE_TRAIN || !m->opt.in_backward || !m->d.tied || m->lora.r > 0) return 0;
+    if (m->opt.kind == MF_OPTIM_ADAFACTOR || (m->opt.zero >= 1 && m->opt.world > 1)) return 0;
+    mf_optim_shape s = {2, m->d.Vp, m->d.C, 1, m->cdt != MF_DTYPE_F32};
+    return m->d.C % mf_optim_block(&m->opt, &s) == 0;
+}
+
 static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role role, int layer, int ndim,
                             int64_t d0, int64_t d1, int64_t file_rows, int decay_2d) {
     mf_tensor *t = &m->tensors[m->n_tensors++];
@@ -102,7 +113,8 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     t->rows_file = file_rows;
     t->numel = d0 * (ndim > 1 ? d1 : 1);
     t->decay = decay_2d;
-    t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, role == MF_ROLE_EMB};
+    t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, role == MF_ROLE_EMB,
+                             m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS};
     t->lo = 0;
     t->hi = t->numel;
     /* LoRA: the adapters are trainable (category adapter), the base is frozen */
@@ -126,7 +138,7 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     if (shard) {
         /* ZeRO: the optimizer sees only this rank's slice of the elements */
         mf_dist_shard(t->numel, m->opt.world, m->opt.rank, &t->lo, &t->hi);
-        t->os = (mf_optim_shape){1, t->hi - t->lo, 1, 0};
+        t->os = (mf_optim_shape){1, t->hi - t->lo, 1, 0, 0};
     }
     int last = m->n_phases - 1;
     char nm[96];
@@ -174,6 +186,7 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
         int g0 = 0, g1 = last;
         if (mf_model_grads_transient(m)) {
             if (layer >= 0) g0 = g1 = mf_phase_layer_bwd(m, layer);
+            else if (role == MF_ROLE_EMB && mf_model_emb_split(m)) g0 = g1 = mf_phase_head_fwd(m);
             else if (role == MF_ROLE_EMB) g0 = m->d.tied ? mf_phase_head_fwd(m) : mf_phase_emb_bwd(m), g1 = mf_phase_emb_bwd(m);
             else if (role == MF_ROLE_POS) g0 = g1 = mf_phase_emb_bwd(m);
             else if (role == MF_ROLE_HEAD) g0 = g1 = mf_phase_head_fwd(m);  /* the untied head: with the loss */
@@ -538,6 +551,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     m->overlap = m->opt.zero == 2 && m->opt.world > 1 && !m->opt.in_backward && !(ov && strcmp(ov, "0") == 0);
     m->cdt = mode == MF_MODE_TRAIN ? m->opt.compute : MF_DTYPE_F32;  /* forward-only plans are fp32 */
     m->in16 = m->dout16 = m->dlogits16 = m->gemm_scratch = m->upd32 = -1;
+    m->emb_rows = m->emb_index = m->emb_map = -1;
     if (m->cdt != MF_DTYPE_F32 && m->opt.zero >= 1 && m->opt.world > 1)
         return mf_fail("precision %s with zero %d: ZeRO sharding of 16-bit weights is not supported yet (use zero 0 "
                        "or precision fp32)", m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16", m->opt.zero);
@@ -754,6 +768,14 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         m->attn_scratch = add(&ad, "work.attn_bwd", MF_CAT_WORK, MF_DTYPE_F32, 1,
                               (int64_t)mf_flash_attention_scratch_floats(d->maxT, d->hd, nthreads), 0, 0, 0, l0, l1, -1);
     }
+    m->emb_split = !ad.err && mf_model_emb_split(m) && !m->tensors[m->t_emb].frozen;
+    if (m->emb_split) {
+        /* the tied embedding's touched rows, from the head to the embedding's backward */
+        int eb = mf_phase_emb_bwd(m);
+        m->emb_rows = add(&ad, "grad.wte.rows", MF_CAT_GRADS, MF_DTYPE_F32, 2, N, C, 0, 0, hf, eb, -1);
+        m->emb_index = add(&ad, "work.emb_index", MF_CAT_WORK, MF_DTYPE_I32, 1, 2 * N, 0, 0, 0, hf, eb, -1);
+        m->emb_map = add(&ad, "work.emb_map", MF_CAT_WORK, MF_DTYPE_I32, 1, d->Vp, 0, 0, 0, hf, hf, -1);
+    }
     if (bd->rope) {
         /* rotary cos/sin for the positions a forward can have (the run-time
          * guard allows fewer, longer sequences up to B x T tokens); kept
@@ -823,13 +845,21 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             m->dlogits16 = add(&ad, "work.dlogits16", MF_CAT_WORK, m->cdt, 2, m->chunk_rows, d->Vp, 0, 0, hf, hf, -1);
         }
         if (train && !m->opt.master) {
-            /* master_weights 0: each 16-bit tensor is widened here, updated,
-             * and rounded back stochastically; the largest is wte */
+            /* master_weights 0: each 16-bit tensor is widened here a slice
+             * at a time (mf_optim_slice: 2^18 elements, adafactor whole
+             * tensors), updated, and rounded back stochastically; under
+             * update_in_backward the updates run from the head to the
+             * embedding's backward */
             int64_t mx = 0;
-            for (int i = 0; i < m->n_tensors; i++)
-                if (mf_tensor_is16(m, &m->tensors[i]) && m->tensors[i].numel > mx) mx = m->tensors[i].numel;
-            int po = mf_phase_optim(m);
-            m->upd32 = add(&ad, "work.update_f32", MF_CAT_WORK, MF_DTYPE_F32, 1, mx, 0, 0, 0, po, po, -1);
+            for (int i = 0; i < m->n_tensors; i++) {
+                const mf_tensor *x = &m->tensors[i];
+                /* pure_bf16: the slice's m and v are widened beside it */
+                int64_t sl = mf_optim_slice(&m->opt, &x->os) * (mf_optim_half(&m->opt, &x->os) ? 3 : 1);
+                if (mf_tensor_is16(m, x) && !x->frozen && sl > mx) mx = sl;
+            }
+            if (mx < 1) mx = 1;
+            int po = mf_phase_optim(m), p0 = m->opt.in_backward ? hf : po;
+            m->upd32 = add(&ad, "work.update_f32", MF_CAT_WORK, MF_DTYPE_F32, 1, mx, 0, 0, 0, p0, po, -1);
         }
     }
     if (!ad.err) {

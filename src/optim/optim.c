@@ -43,9 +43,11 @@ int mf_optim_init(mf_optim *o, const mf_config *cfg) {
     if (o->compute == MF_DTYPE_F16 && cfg->update_in_backward)
         return mf_fail("precision fp16 cannot update in backward: a step with inf/NaN gradients must be skipped whole "
                        "(loss scaling); use precision bf16, or turn update_in_backward off");
-    if (o->compute == MF_DTYPE_BF16 && !cfg->master_weights && (cfg->update_in_backward || cfg->offload[0]))
-        return mf_fail("master_weights 0 cannot be combined with update_in_backward or offload yet; "
-                       "keep master_weights 1");
+    o->half_state = cfg->pure_bf16;
+    if (cfg->pure_bf16 && (o->compute != MF_DTYPE_BF16 || cfg->master_weights || o->kind != MF_OPTIM_ADAMW))
+        return mf_fail("pure_bf16 needs precision bf16, master_weights 0 and optimizer adamw (its moments become bf16); "
+                       "got precision %s, master_weights %d, optimizer %s", cfg->precision, cfg->master_weights,
+                       cfg->optimizer);
     if (o->in_backward && cfg->grad_accum > 1)
         return mf_fail("update_in_backward needs grad_accum 1 (each update would see one micro-batch); "
                        "raise batch instead, or turn update_in_backward off");
@@ -77,6 +79,10 @@ static int adam_fp32(const mf_optim *o, int64_t n) {
     return o->kind == MF_OPTIM_ADAMW || (o->kind == MF_OPTIM_ADAMW8BIT && n < MF_Q8_MIN_NUMEL);
 }
 
+int mf_optim_half(const mf_optim *o, const mf_optim_shape *s) {
+    return o->half_state && s->half && adam_fp32(o, s->rows * s->cols);
+}
+
 int mf_optim_block(const mf_optim *o, const mf_optim_shape *s) {
     return s->embedding && s->ndim == 2 && s->cols <= MF_Q8_MAX_BLOCK ? (int)s->cols : o->block;
 }
@@ -94,8 +100,9 @@ int mf_optim_plan(const mf_optim *o, mf_plan *plan, const char *name, const mf_o
         plan->bufs[st[i]].disk = o->offload_path[0] != 0; \
     } while (0)
     if (adam_fp32(o, n)) {
-        ROW(0, "adam.m.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, rows, cols);
-        ROW(1, "adam.v.", MF_CAT_OPTIM, MF_DTYPE_F32, ndim, rows, cols);
+        mf_dtype dt = mf_optim_half(o, s) ? MF_DTYPE_BF16 : MF_DTYPE_F32;
+        ROW(0, "adam.m.", MF_CAT_OPTIM, dt, ndim, rows, cols);
+        ROW(1, "adam.v.", MF_CAT_OPTIM, dt, ndim, rows, cols);
     } else if (q8(o, n)) {
         int64_t nb = (int64_t)mf_q8_nblocks((size_t)n, mf_optim_block(o, s));
         ROW(0, "adam8.m.", MF_CAT_OPTIM, MF_DTYPE_U8, ndim, rows, cols);
@@ -129,7 +136,7 @@ void mf_optim_zero_range(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES],
         if (st[i] < 0) continue;
         /* adafactor's row and column statistics are never split */
         size_t len = o->kind == MF_OPTIM_ADAFACTOR && i < 2 ? (size_t)(i == 0 ? s->rows : s->cols) : (size_t)n;
-        memset(st_ptr[i], 0, len * sizeof(float));
+        memset(st_ptr[i], 0, len * (mf_optim_half(o, s) ? 2 : sizeof(float)));  /* bf16 zero is all-zero bits */
     }
     (void)e0;
 }
@@ -167,10 +174,35 @@ void mf_optim_update(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], flo
 int mf_optim_update_bf16(const mf_optim *o, void *const st_ptr[MF_OPTIM_STATES], float *p, uint16_t *p16,
                          const float *g, const mf_optim_shape *s, float lr, float wd, int t, float gscale) {
     int64_t numel = s->rows * s->cols;
-    if (!adam_fp32(o, numel)) {
-        mf_optim_update(o, st_ptr, p, g, s, lr, wd, t, gscale);
-        return 0;
-    }
+    /* the other optimizers: the caller updates (and rounds) itself; updating
+     * here too applied their step twice */
+    if (!adam_fp32(o, numel)) return 0;
     mf_adamw_update16(p, p16, g, st_ptr[0], st_ptr[1], (size_t)numel, lr, o->beta1, o->beta2, o->eps, wd, t, gscale);
     return 1;
+}
+
+int64_t mf_optim_slice(const mf_optim *o, const mf_optim_shape *s) {
+    int64_t numel = s->rows * s->cols;
+    if (o->kind == MF_OPTIM_ADAFACTOR) return numel;
+    int64_t b = mf_optim_block(o, s), k = MF_OPTIM_SLICE / b;
+    int64_t n = (k > 0 ? k : 1) * b;
+    return n < numel ? n : numel;
+}
+
+void mf_optim_state_at(const mf_optim *o, const mf_optim_shape *s, void *const st[MF_OPTIM_STATES], int64_t e0,
+                       void *out[MF_OPTIM_STATES]) {
+    for (int k = 0; k < MF_OPTIM_STATES; k++) out[k] = NULL;
+    int64_t numel = s->rows * s->cols;
+    if (o->kind == MF_OPTIM_ADAFACTOR) mf_panic("adafactor updates whole tensors");
+    if (q8(o, numel)) {
+        int64_t b = mf_optim_block(o, s);
+        if (e0 % b) mf_panic("state slice at %lld is not on a %lld-element block", (long long)e0, (long long)b);
+        out[0] = (uint8_t *)st[0] + e0;
+        out[1] = (uint8_t *)st[1] + e0;
+        out[2] = (float *)st[2] + e0 / b;
+        out[3] = (float *)st[3] + e0 / b;
+        return;
+    }
+    for (int k = 0; k < MF_OPTIM_STATES; k++)  /* fp32 (pure_bf16: bf16) AdamW m, v; SGD's momentum */
+        if (st[k]) out[k] = mf_optim_half(o, s) ? (void *)((uint16_t *)st[k] + e0) : (void *)((float *)st[k] + e0);
 }

@@ -12,7 +12,8 @@
  * One axis is a config key and its candidate values. "micro_batch" is the
  * one pseudo-key: it sets batch and grad_accum so that their product stays
  * the effective batch (gradients identical to the big batch); "precision"
- * values are fp32, bf16 and bf16:nomaster (bf16 with master_weights 0);
+ * values are fp32, bf16, bf16:nomaster (bf16 with master_weights 0) and
+ * bf16:pure (that and pure_bf16: bf16 AdamW moments);
  * "lora" values are "" (full fine-tuning) or "BASE_DTYPE|LORA_SPEC". */
 #define MAX_VALS 24
 #define N_AXES 7
@@ -89,15 +90,18 @@ static int build_axes(axis *ax, const mf_config *cfg, int eff, int allow_lossy, 
      * master weights (the smaller); fp16 is never faster or smaller than
      * bf16 here, so it is only kept when asked for */
     ax[5].key = "precision";
-    if (mf_config_was_set(cfg, "precision") || mf_config_was_set(cfg, "master_weights")) {
+    if (mf_config_was_set(cfg, "precision") || mf_config_was_set(cfg, "master_weights") ||
+        mf_config_was_set(cfg, "pure_bf16")) {
+        int b16 = strcmp(cfg->precision, "bf16") == 0;
         snprintf(v, sizeof v, "%s%s", cfg->precision,
-                 strcmp(cfg->precision, "bf16") == 0 && !cfg->master_weights ? ":nomaster" : "");
+                 b16 && cfg->pure_bf16 ? ":pure" : b16 && !cfg->master_weights ? ":nomaster" : "");
         axis_add(&ax[5], v, 0);
     } else {
         axis_add(&ax[5], cfg->precision, 0);
         if (allow_lossy && strcmp(cfg->precision, "fp32") == 0) {
             axis_add(&ax[5], "bf16", 1);
             axis_add(&ax[5], "bf16:nomaster", 1);
+            axis_add(&ax[5], "bf16:pure", 1);  /* AdamW only: the optimizer refuses the others */
         }
     }
     /* LoRA (docs/lora.md) trains adapters on a frozen base instead of the
@@ -132,10 +136,11 @@ static int axis_set(mf_config *c, const axis *a, int i, int eff) {
         return 0;
     }
     if (strcmp(a->key, "precision") == 0) {
-        int nomaster = strstr(a->val[i], ":nomaster") != NULL;
+        int pure = strstr(a->val[i], ":pure") != NULL, nomaster = pure || strstr(a->val[i], ":nomaster") != NULL;
         char p[8];
         snprintf(p, sizeof p, "%.*s", (int)strcspn(a->val[i], ":"), a->val[i]);
         c->master_weights = !nomaster;
+        c->pure_bf16 = pure;
         return mf_config_set(c, "precision", p);
     }
     if (strcmp(a->key, "lora") == 0) {
@@ -211,6 +216,7 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
             snprintf(ch.optimizer, sizeof ch.optimizer, "%s", c.optimizer);
             snprintf(ch.precision, sizeof ch.precision, "%s", c.precision);
             ch.master = m.opt.master;
+            ch.pure = m.opt.half_state;
             snprintf(ch.lora, sizeof ch.lora, "%s", c.lora);
             snprintf(ch.base_dtype, sizeof ch.base_dtype, "%s", c.lora[0] ? c.base_dtype : "");
             ch.update_in_backward = c.update_in_backward;
@@ -253,7 +259,7 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
         mf_planner_choice *x = &out->c[i];
         if (strcmp(x->recompute, cfg->recompute) == 0 && x->batch == cfg->batch && x->grad_accum == req_accum &&
             strcmp(x->optimizer, cfg->optimizer) == 0 && x->update_in_backward == cfg->update_in_backward &&
-            strcmp(x->precision, cfg->precision) == 0 && (strcmp(x->precision, "fp32") == 0 || x->master == cfg->master_weights) &&
+            strcmp(x->precision, cfg->precision) == 0 && (strcmp(x->precision, "fp32") == 0 || x->master == cfg->master_weights) && x->pure == cfg->pure_bf16 &&
             x->offload == (cfg->offload[0] != 0) && strcmp(x->lora, cfg->lora) == 0 &&
             (!cfg->lora[0] || strcmp(x->base_dtype, cfg->base_dtype) == 0))
             out->requested = i;
@@ -306,6 +312,7 @@ int mf_planner_apply(const mf_planner_choice *c, const char *offload_path, mf_co
         (c->precision[0] && mf_config_set(cfg, "precision", c->precision)))
         return -1;
     if (strcmp(cfg->precision, "fp32") != 0) cfg->master_weights = c->master;
+    cfg->pure_bf16 = c->pure;
     if (mf_config_set(cfg, "lora", c->lora) || (c->lora[0] && mf_config_set(cfg, "base_dtype", c->base_dtype))) return -1;
     if (c->offload && !cfg->offload[0]) {
         snprintf(v, sizeof v, "optimizer=disk:%s", offload_path);
@@ -320,7 +327,7 @@ char *mf_planner_describe(const mf_planner_choice *c, char *buf, size_t n) {
     else snprintf(rc, sizeof rc, "%s", c->recompute);
     char pr[32] = "";
     if (c->precision[0] && strcmp(c->precision, "fp32") != 0)
-        snprintf(pr, sizeof pr, ", %s%s", c->precision, c->master ? "" : " no master");
+        snprintf(pr, sizeof pr, ", %s%s", c->precision, c->pure ? " pure" : c->master ? "" : " no master");
     char lo[48] = "";
     if (c->lora[0]) {
         const char *r = strstr(c->lora, "r=");
@@ -411,13 +418,13 @@ void mf_planner_print_json(FILE *f, const mf_planner_result *r) {
     for (int i = 0; i < r->n; i++) {
         const mf_planner_choice *c = &r->c[i];
         fprintf(f, "%s\n{\"index\":%d,\"recompute\":\"%s\",\"auto_blocks\":%d,\"batch\":%d,\"grad_accum\":%d,"
-                   "\"optimizer\":\"%s\",\"precision\":\"%s\",\"master_weights\":%d,\"update_in_backward\":%d,\"offload\":%d,\"lossy\":%d,"
+                   "\"optimizer\":\"%s\",\"precision\":\"%s\",\"master_weights\":%d,\"pure_bf16\":%d,\"update_in_backward\":%d,\"offload\":%d,\"lossy\":%d,"
                    "\"lora\":\"%s\",\"base_dtype\":\"%s\",\"trainable_params\":%.0f,"
                    "\"arena_bytes\":%zu,\"disk_bytes\":%zu,\"process_bytes\":%zu,\"need_bytes\":%zu,\"gemm_flops\":%.0f,"
                    "\"attn_flops\":%.0f,\"elem_bytes\":%.0f,\"io_bytes\":%.0f,\"pred_step_s\":%.6f,\"comm_bytes\":%.0f,\"comm_s\":%.6f,"
                    "\"fits\":%s,\"frontier\":%s,\"chosen\":%s}",
                 i ? "," : "", i, c->recompute, c->auto_k, c->batch, c->grad_accum, c->optimizer, c->precision, c->master,
-                c->update_in_backward,
+                c->pure, c->update_in_backward,
                 c->offload, c->lossy, c->lora, c->base_dtype, c->optim_params, c->arena_bytes, c->disk_bytes, c->process, c->need, c->gemm_flops, c->attn_flops,
                 c->elem_bytes, c->io_bytes, c->pred_s, c->comm_bytes, c->comm_s, c->fits ? "true" : "false", c->frontier ? "true" : "false",
                 c->chosen ? "true" : "false");

@@ -121,7 +121,7 @@ static double optim_rate(const char *name) {
     optim_ctx c;
     memset(&c, 0, sizeof c);
     if (mf_config_set(&cfg, "optimizer", name) || mf_optim_init(&c.o, &cfg)) return 0;
-    c.s = (mf_optim_shape){2, 1024, 4096, 0};
+    c.s = (mf_optim_shape){2, 1024, 4096, 0, 0};
     mf_plan p;
     int st[MF_OPTIM_STATES];
     if (mf_plan_init(&p, 1)) return 0;

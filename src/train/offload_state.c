@@ -109,6 +109,11 @@ static int chunk_fn(void *ctx, int k, void *buf, size_t len) {
         mf_optim_zero_range(&t->model.opt, st, x->st, &x->os, c->e0, c->n);
         return 0;
     }
+    if (x->mw < 0 && mf_tensor_is16(&t->model, x)) {  /* master_weights 0: bf16 weights, sliced update */
+        mf_trainer_update16(t, c->tensor, st, c->e0, c->n, (const float *)mf_arena_get(&t->arena, x->g) + c->e0,
+                            s->gscale);
+        return 0;
+    }
     float *p = (float *)mf_arena_get(&t->arena, mf_tensor_weights_row(x)) + c->e0;
     const float *g = (const float *)mf_arena_get(&t->arena, x->g) + c->e0;
     mf_optim_update_range(&t->model.opt, st, p, g, &x->os, c->n, (float)t->lr,

@@ -459,6 +459,45 @@ void mf_trainer_free(mf_trainer *t) {
     memset(t, 0, sizeof *t);
 }
 
+void mf_trainer_update16(mf_trainer *t, int i, void *const st[MF_OPTIM_STATES], int64_t e0, int64_t n, const float *g,
+                         float gscale) {
+    mf_model *m = &t->model;
+    mf_arena *a = &t->arena;
+    const mf_tensor *x = &m->tensors[i];
+    const mf_optim *o = &m->opt;
+    /* master_weights 0: widen a slice of the bf16 weights (exact) into
+     * work.update_f32, update it in fp32, round it back stochastically
+     * (llm.c) with element-wise bits from a counter-based stream of (seed,
+     * step, tensor, element), so runs and resumes repeat and the slicing
+     * (whole tensor, update_in_backward, offload chunks) changes nothing */
+    float *w32 = mf_arena_get(a, m->upd32);
+    mf_bf16 *w16 = (mf_bf16 *)mf_arena_get(a, x->p) + e0;
+    uint64_t seed = t->cfg.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)(t->step + 1) << 16) ^ (uint64_t)i;
+    float wd = x->decay ? (float)t->cfg.weight_decay : 0.0f;
+    int64_t S = mf_optim_slice(o, &x->os);
+    int half = mf_optim_half(o, &x->os);
+    for (int64_t off = 0; off < n; off += S) {
+        int64_t len = n - off < S ? n - off : S;
+        void *sst[MF_OPTIM_STATES];
+        if (o->kind == MF_OPTIM_ADAFACTOR) memcpy(sst, st, sizeof sst);
+        else mf_optim_state_at(o, &x->os, st, off, sst);
+        mf_f32_from_bf16(w32, w16 + off, (size_t)len);
+        if (half) {
+            /* pure_bf16: m and v widened beside the weights, rounded back
+             * stochastically from streams of their own */
+            mf_bf16 *m16 = sst[0], *v16 = sst[1];
+            sst[0] = w32 + S, sst[1] = w32 + 2 * S;
+            mf_f32_from_bf16(sst[0], m16, (size_t)len);
+            mf_f32_from_bf16(sst[1], v16, (size_t)len);
+            mf_optim_update_range(o, sst, w32, g + off, &x->os, len, (float)t->lr, wd, t->step + 1, gscale);
+            mf_bf16_from_f32_sr(m16, sst[0], (size_t)len, seed ^ 0x6D6D6D6D00000000ull, (uint64_t)(e0 + off));
+            mf_bf16_from_f32_sr(v16, sst[1], (size_t)len, seed ^ 0x7676767600000000ull, (uint64_t)(e0 + off));
+        } else
+            mf_optim_update_range(o, sst, w32, g + off, &x->os, len, (float)t->lr, wd, t->step + 1, gscale);
+        mf_bf16_from_f32_sr(w16 + off, w32, (size_t)len, seed, (uint64_t)(e0 + off));
+    }
+}
+
 /* Updates tensors [first, first+n) from their gradients (times gscale). */
 static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
     mf_model *m = &t->model;
@@ -474,16 +513,7 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
          * into the compute copy */
         const float *g = x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo;
         if (x->mw < 0 && mf_tensor_is16(m, x)) {
-            /* master_weights 0: widen the bf16 weights (exact), update in
-             * fp32, round back stochastically (llm.c), from a counter-based
-             * stream of (seed, step, tensor) so runs and resumes repeat */
-            float *w32 = mf_arena_get(a, m->upd32);
-            mf_bf16 *w16 = mf_arena_get(a, x->p);
-            mf_f32_from_bf16(w32, w16, (size_t)x->numel);
-            mf_optim_update(&m->opt, st, w32, g, &x->os, (float)t->lr,
-                            x->decay ? (float)c->weight_decay : 0.0f, t->step + 1, gscale);
-            uint64_t seed = c->seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)(t->step + 1) << 16) ^ (uint64_t)i;
-            mf_bf16_from_f32_sr(w16, w32, (size_t)x->numel, seed, 0);
+            mf_trainer_update16(t, i, st, 0, x->numel, g, gscale);
             continue;
         }
         float *p = x->ps >= 0 ? (float *)mf_arena_get(a, x->ps) : (float *)mf_arena_get(a, mf_tensor_weights_row(x)) + x->lo;
@@ -497,6 +527,59 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
         mf_optim_update(&m->opt, st, p, g, &x->os, (float)t->lr, wd, t->step + 1, gscale);
         mf_model_sync_params(m, a, i, 1);
     }
+}
+
+/* Rows [r0, r0+nr) of tensor i (the tied embedding under emb_split) from
+ * their gradient g, as update_tensors would update them within the whole
+ * tensor: element-wise optimizers, 8-bit blocks of whole rows, the same
+ * rounding bits (model.h, emb_split). */
+static void update_rows(mf_trainer *t, int i, int64_t r0, int64_t nr, const float *g) {
+    mf_model *m = &t->model;
+    mf_arena *a = &t->arena;
+    mf_tensor *x = &m->tensors[i];
+    int64_t C = x->shape[1], e0 = r0 * C, n = nr * C;
+    void *st[MF_OPTIM_STATES], *sst[MF_OPTIM_STATES];
+    for (int k = 0; k < MF_OPTIM_STATES; k++) st[k] = x->st[k] >= 0 ? mf_arena_get(a, x->st[k]) : NULL;
+    mf_optim_state_at(&m->opt, &x->os, st, e0, sst);
+    if (x->mw < 0 && mf_tensor_is16(m, x)) {
+        mf_trainer_update16(t, i, sst, e0, n, g, 1.0f);
+        return;
+    }
+    float *p = (float *)mf_arena_get(a, mf_tensor_weights_row(x)) + e0;
+    mf_optim_update_range(&m->opt, sst, p, g, &x->os, n, (float)t->lr, x->decay ? (float)t->cfg.weight_decay : 0.0f,
+                          t->step + 1, 1.0f);
+    if (x->mw >= 0) mf_half_from_f32(m->cdt, (uint16_t *)mf_arena_get(a, x->p) + e0, p, (size_t)n);
+}
+
+/* emb_split: stage 1 (head) updates the rows no input token touched, from
+ * the full gradient (the touched rows were moved out and zeroed); stage 2
+ * (embedding backward) the touched rows from emb_rows. Returns the squared
+ * norm of the rows it saw. */
+static double update_emb_split(mf_trainer *t) {
+    mf_model *m = &t->model;
+    mf_arena *a = &t->arena;
+    const mf_tensor *x = &m->tensors[m->t_emb];
+    int64_t V = x->shape[0], C = x->shape[1];
+    if (m->emb_stage == 1) {
+        const float *g = mf_arena_get(a, x->g);
+        const int32_t *map = mf_arena_get(a, m->emb_map);
+        double ss = mf_sumsq(g, (size_t)x->numel);
+        if (!isfinite(ss)) return ss;
+        for (int64_t r = 0; r < V;) {
+            if (map[r] >= 0) { r++; continue; }
+            int64_t r1 = r;
+            while (r1 < V && map[r1] < 0) r1++;
+            update_rows(t, m->t_emb, r, r1 - r, g + r * C);
+            r = r1;
+        }
+        return ss;
+    }
+    const float *rows = mf_arena_get(a, m->emb_rows);
+    const int32_t *uniq = (const int32_t *)mf_arena_get(a, m->emb_index) + (int64_t)m->B * m->T;
+    double ss = mf_sumsq(rows, (size_t)m->emb_nuniq * (size_t)C);
+    if (!isfinite(ss)) return ss;
+    for (int s = 0; s < m->emb_nuniq; s++) update_rows(t, m->t_emb, uniq[s], 1, rows + (int64_t)s * C);
+    return ss;
 }
 
 static double grad_sumsq(mf_trainer *t, int first, int n) {
@@ -513,6 +596,16 @@ static void grads_ready(void *ctx, int first, int n) {
     if (!t->model.opt.in_backward) {  /* ZeRO 2: reduce-scatter as each layer's gradient completes */
         if (!t->uib_bad && mf_zero_grads_ready(&t->model, &t->arena, first, n)) t->uib_bad = 2;
         return;
+    }
+    if (t->model.emb_split && first == t->model.t_emb) {
+        /* the tied embedding's rows (model.h, emb_split), then the rest */
+        if (!t->uib_bad) {
+            double se = update_emb_split(t);
+            t->uib_sumsq += se;
+            if (!isfinite(se)) t->uib_bad = 1;
+        }
+        first++, n--;
+        if (n == 0) return;
     }
     double ss = grad_sumsq(t, first, n);
     t->uib_sumsq += ss;
