@@ -221,6 +221,7 @@ typedef struct {
     int lora_drop;        /* dropout is on in the last forward (training forward with dropout > 0) */
     int qscr_f, qscr_b;   /* quantised base: GEMM scratch rows in forward / backward layer phases, else -1 */
     size_t qscr_bytes;    /* their size */
+    struct mf_teacher *teacher; /* distillation (distill.h): the frozen teacher, NULL without one */
 } mf_model;
 
 /* The plan a config implies, without data or arena (build.c; memfit

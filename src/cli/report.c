@@ -251,14 +251,15 @@ static void per_layer(const mf_plan *p, int L, size_t (*out)[MF_CAT_COUNT]) {
 
 /* always shown, in this order; the other categories when they hold bytes */
 static const mf_cat shown[] = {MF_CAT_PARAMS, MF_CAT_GRADS, MF_CAT_OPTIM, MF_CAT_ACTS, MF_CAT_WORK, MF_CAT_DATA,
-                               MF_CAT_MASTER, MF_CAT_ADAPTER, MF_CAT_QUANT, MF_CAT_COMM, MF_CAT_OFFLOAD};
+                               MF_CAT_MASTER, MF_CAT_ADAPTER, MF_CAT_QUANT, MF_CAT_COMM, MF_CAT_OFFLOAD,
+                               MF_CAT_TEACHER};
 static const char *shown_label[] = {"params", "grads", "optimizer", "activations", "scratch", "data",
-                                    "master", "adapter", "quant", "comm", "offload"};
+                                    "master", "adapter", "quant", "comm", "offload", "teacher"};
 /* The same labels as JSON keys: "optimizer" there is the optimizer's name,
  * so its bytes are "optimizer_state" (one key, one meaning). */
 static const char *json_label(int k) { return shown[k] == MF_CAT_OPTIM ? "optimizer_state" : shown_label[k]; }
 #define NALWAYS 6
-#define NSHOWN 11
+#define NSHOWN 12
 
 /* "fp32 AdamW", "fp32 adamw8bit (blocks of 2048)", "fp32 adafactor" */
 static const char *optim_desc(const mf_model *m, char *buf, size_t n) {

@@ -347,7 +347,7 @@ void mf_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompu
     const int *res = recompute ? m->rres : m->res;
     lin_ctx c = lin_ctx_of(m, a);
     /* GPT-2 in fp32 without adapters: the fused bias/residual epilogues */
-    int fused = c.bd->fused_fp32 && !c.h16 && !m->lora.r;
+    int fused = c.bd->fused_fp32 && !c.h16 && !m->lora.r && !m->lora.base;  /* (a quantised teacher: lora.base, no adapters) */
     float *x = BUF(res[l]), *xmid = BUF(A->xmid), *fch = BUF(A->fch);
     void *ln1 = mf_arena_get(a, A->ln1), *ln2 = mf_arena_get(a, A->ln2), *h = mf_model_mlp_out(m, a, A);
     norm_fwd(m, a, &c, l, 0, ln1, A->ln1_mean, A->ln1_rstd, x, N);

@@ -2,6 +2,7 @@
  * step, validation and sampling. */
 #include "memfit/train.h"
 #include "memfit/dist.h"
+#include "memfit/distill.h"
 #include "memfit/half.h"
 #include "memfit/kernels.h"
 #include "memfit/optim.h"
@@ -432,6 +433,7 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     mf_model_init_weights(&t->model, &t->arena, cfg->seed);
     if (mode == MF_MODE_TRAIN && t->model.opt.offload_path[0] && (mf_offstate_open(t) || mf_offstate_zero(t))) goto fail;
     if (cfg->init[0] && mf_trainer_load_weights(t, cfg->init)) goto fail;
+    if (mf_trainer_load_teacher(t)) goto fail;
     if (cfg->adapter[0] && mf_lora_load_adapter(&t->model, &t->arena, cfg->adapter)) goto fail;
     if (cfg->resume[0] && mf_trainer_load_checkpoint(t, cfg->resume)) goto fail;
     return 0;
@@ -579,11 +581,13 @@ int mf_trainer_accumulate(mf_trainer *t, int rows, int T, float lscale, double *
         m->lora_micro = keyed ? (uint64_t)t->step << 20 | (uint64_t)k : (uint64_t)t->step * (uint64_t)accum + (uint64_t)k;
         if (t->chat) {
             int ck = load_chat_rows(t, rk, T);
+            if (m->teacher) mf_teacher_forward(m, a, rk, T);  /* distillation: the teacher's hidden states */
             loss_sum += mf_model_forward(m, a, rk, T, 1, dscale) * ck;
             mf_model_backward(m, a, rk, T);
             continue;
         }
         load_rows(t, rk, T);
+        if (m->teacher) mf_teacher_forward(m, a, rk, T);
         double lk = mf_model_forward(m, a, rk, T, 1, dscale);
         loss_sum += rows % micro ? lk * rk : lk;
         mf_model_backward(m, a, rk, T);
