@@ -19,19 +19,19 @@
 int mf_distill_parse(const char *s, mf_distill_cfg *out) {
     mf_distill_cfg c = {0.5, 2.0};
     char buf[256];
-    if (snprintf(buf, sizeof buf, "%s", s ? s : "") >= (int)sizeof buf) return mf_fail("distill: '%s' is too long", s);
+    if (snprintf(buf, sizeof buf, "%s", s ? s : "") >= (int)sizeof buf) return mf_fail("'%s' is too long", s);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         char *eq = strchr(tok, '='), *end;
-        if (!eq) return mf_fail("distill: '%s' is not key=value (keys: alpha, temperature)", tok);
+        if (!eq) return mf_fail("'%s' is not key=value (keys: alpha, temperature)", tok);
         *eq = 0;
         double v = strtod(eq + 1, &end);
-        if (end == eq + 1 || *end || !isfinite(v)) return mf_fail("distill: %s='%s' is not a number", tok, eq + 1);
+        if (end == eq + 1 || *end || !isfinite(v)) return mf_fail("%s='%s' is not a number", tok, eq + 1);
         if (strcmp(tok, "alpha") == 0) c.alpha = v;
         else if (strcmp(tok, "temperature") == 0) c.temperature = v;
-        else return mf_fail("distill: unknown key '%s' (keys: alpha, temperature)", tok);
+        else return mf_fail("unknown key '%s' (keys: alpha, temperature)", tok);
     }
-    if (c.alpha < 0 || c.alpha > 1) return mf_fail("distill: alpha %g is outside [0, 1]", c.alpha);
-    if (c.temperature <= 0) return mf_fail("distill: temperature %g must be > 0", c.temperature);
+    if (c.alpha < 0 || c.alpha > 1) return mf_fail("alpha %g is outside [0, 1]", c.alpha);
+    if (c.temperature <= 0) return mf_fail("temperature %g must be > 0", c.temperature);
     if (out) *out = c;
     return 0;
 }
@@ -174,7 +174,7 @@ int mf_teacher_plan(const mf_config *cfg, mf_model *m, mf_plan *plan, int nthrea
     if (!t) return mf_fail("out of memory for the teacher");
     snprintf(t->path, sizeof t->path, "%s", cfg->teacher);
     int rc = 0;
-    if (mf_distill_parse(cfg->distill, &t->cfg)) { rc = -1; goto done; }
+    if (mf_distill_parse(cfg->distill, &t->cfg)) { rc = mf_fail("distill: %s", mf_error()); goto done; }
     if (mf_quant_parse(cfg->teacher_dtype, &t->kind)) { rc = mf_fail("teacher_dtype: %s", mf_error()); goto done; }
     if (m->cdt != MF_DTYPE_F32) {
         rc = mf_fail("distill: --precision %s is not supported with a teacher yet (use fp32 compute; --teacher_dtype "
