@@ -44,6 +44,23 @@ expect_ok yaml-keys "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 --config
 if "$M" estimate "${tiny[@]}" --config "$W/kd.yaml" | grep -q "teacher"; then echo "ok   estimate shows the teacher"
 else echo "FAIL estimate: no teacher"; fail=1; fi
 
+# the planner stores the teacher in fewer bytes (lossy) when fp32 does not fit
+"$M" train --model gpt2-1m --n_layer 4 --n_embd 256 --n_head 4 --block_size 64 --seq 64 --batch 2 --steps 1 \
+  --sample_tokens 0 --val_every 0 --val_batches 1 --threads 2 --progress 0 --data "$W/d.tok" --out_dir "$W/big" \
+  >/dev/null 2>&1 || { echo "FAIL big teacher training"; exit 1; }
+P=(plan --model gpt2-1m --n_layer 1 --n_embd 64 --n_head 4 --block_size 64 --seq 64 --batch 4 --grad_accum 1
+   --recompute none --teacher "$W/big/model.safetensors")
+# the "needs" column (process + headroom) of a setting's row
+needs() { grep "accum 1, adamw, teacher $1 " | head -1 | sed -E 's/.*teacher [a-z0-9]+ +[0-9.]+ MiB +([0-9.]+) MiB.*/\1/'; }
+n32=$("$M" "${P[@]}" | needs fp32); n4=$("$M" "${P[@]}" --allow lossy | needs nf4)
+b=$(awk -v a="$n32" -v c="$n4" 'BEGIN {printf "%.2f", (a + c) / 2}')
+if [ -z "$n32" ] || [ -z "$n4" ]; then echo "FAIL planner rows: fp32 '$n32' nf4 '$n4'"; fail=1
+elif "$M" "${P[@]}" --allow lossy --budget "${b}MiB" | grep "^chosen" | grep -Eq "teacher (bf16|int8|nf4)"; then
+  echo "ok   planner: teacher fp32 needs $n32 MiB, nf4 $n4 MiB; at ${b} MiB with --allow lossy it stores the teacher in fewer bits"
+  if "$M" "${P[@]}" --budget "${b}MiB" | grep "^chosen" | grep -Eq "teacher (bf16|int8|nf4)"; then
+    echo "FAIL planner chose a lossy teacher dtype without --allow lossy"; fail=1; fi
+else echo "FAIL planner at ${b} MiB:"; "$M" "${P[@]}" --allow lossy --budget "${b}MiB"; fail=1; fi
+
 expect_error() {  # name, expected substring, command...
   local name=$1 want=$2; shift 2
   "$@" >"$W/out" 2>"$W/err"

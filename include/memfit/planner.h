@@ -83,6 +83,7 @@ typedef struct {
     int master;           /* 16-bit precision with fp32 master weights */
     char lora[256];       /* "" (full fine-tuning) or the --lora spec */
     char base_dtype[8];   /* with lora: the frozen base's storage */
+    char teacher_dtype[8]; /* with a teacher (distillation): its storage, else "" */
     int update_in_backward;
     int offload;          /* optimizer state in a file */
     int lossy;            /* changes the maths of the requested run */
