@@ -1,6 +1,8 @@
 #include "report.h"
 #include "memfit/kernels.h"
 #include "memfit/dist.h"
+#include "memfit/distill.h"
+#include "memfit/quant.h"
 #include "memfit/half.h"
 #include "memfit/monitor.h"
 
@@ -81,6 +83,18 @@ static void lora_line(FILE *f, const mf_model *m, const mf_config *cfg, const mf
             (long long)n, 100.0 * (double)n / (double)all, (long long)all, cfg->base_dtype);
 }
 
+/* distillation: the teacher, its storage and its rows' bytes */
+static void teacher_line(FILE *f, const mf_model *m, const mf_plan *p) {
+    const mf_teacher *t = m->teacher;
+    if (!t) return;
+    char a[32], b[32], c[32], d[32];
+    fprintf(f, "teacher %s: %.2fM params (%s L%d C%d H%d), stored %s, weights %s, forward %s, hidden %s + logits chunk %s; "
+               "distill alpha=%g temperature=%g\n",
+            t->path, (double)mf_model_n_params(&t->d) / 1e6, t->d.arch == MF_ARCH_LLAMA ? "llama" : "gpt2", t->d.L, t->d.C,
+            t->d.NH, mf_quant_name((mf_quant_kind)t->kind), sz(t->weight_bytes, a), sz(p->bufs[t->row_fwd].bytes, b),
+            sz(p->bufs[t->row_hidden].bytes, c), sz(p->bufs[t->row_logits].bytes, d), t->cfg.alpha, t->cfg.temperature);
+}
+
 void mf_report_header(FILE *f, const mf_trainer *t) {
     const mf_dims *d = &t->d;
     fprintf(f, "model %s: %.2fM params (L%d C%d H%d, block %d, vocab %d padded to %d, %s tokenizer)\n",
@@ -92,6 +106,7 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
             (unsigned long long)(t->chat ? (uint64_t)t->sft.positions : t->train_hi - t->train_lo), t->n_val_batches,
             recompute_desc(&t->cfg, &t->model, rc, sizeof rc));
     lora_line(f, &t->model, &t->cfg, d);
+    teacher_line(f, &t->model, &t->plan);
     if (t->model.cdt != MF_DTYPE_F32)
         fprintf(f, "precision %s: 16-bit GEMM weights and GEMM inputs, fp32 %s, gradients and reductions; GEMM %s%s\n",
                 t->cfg.precision, t->model.opt.master ? "master weights, optimizer state" : "optimizer state (bf16 weights, "
@@ -282,6 +297,7 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
             model_name(cfg), (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T, prec,
             optim_desc(m, od, sizeof od), recompute_desc(cfg, m, rc, sizeof rc));
     lora_line(f, m, cfg, d);
+    teacher_line(f, m, p);
     if (m->opt.world > 1) {
         /* ZeRO paper section 5.1: the model states each rank keeps */
         size_t ms[MF_CAT_COUNT];
