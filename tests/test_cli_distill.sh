@@ -3,9 +3,10 @@
 # teacher (memfit weights file) and from a Llama-family teacher (HF folder,
 # stored nf4), through flags and through YAML keys, with plan == ledger
 # ("exact" in every row of the memory report) and a `teacher` category in
-# estimate; bad input (missing teacher, another tokenizer or vocabulary,
-# alpha outside [0, 1], temperature <= 0, ...) gets a one-line error and
-# exit status 1.
+# estimate (its JSON, plan --json and --metrics against docs/schemas), the
+# planner choosing a smaller teacher under --allow lossy; bad input
+# (missing teacher, another tokenizer or vocabulary, alpha outside [0, 1],
+# temperature <= 0, ...) gets a one-line error and exit status 1.
 set -u
 M=${MEMFIT_BIN:?}
 W=$(mktemp -d /tmp/memfit-distill-cli-XXXXXX)
@@ -44,6 +45,28 @@ expect_ok yaml-keys "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 --config
 if "$M" estimate "${tiny[@]}" --config "$W/kd.yaml" | grep -q "teacher"; then echo "ok   estimate shows the teacher"
 else echo "FAIL estimate: no teacher"; fail=1; fi
 
+# the documented shapes: estimate --json, plan --json and --metrics lines with a teacher
+"$M" estimate --json "${tiny[@]}" --teacher "$W/lt" --teacher_dtype int8 > "$W/est.json" &&
+  "$M" plan --json "${tiny[@]}" --teacher "$W/gt/model.safetensors" --allow lossy --budget 1GiB > "$W/plan.json" &&
+  "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 --teacher "$W/gt/model.safetensors" --metrics "$W/m.jsonl" \
+    > /dev/null 2>&1 || { echo "FAIL json outputs"; fail=1; }
+/usr/bin/python3 - "$W" "${MEMFIT_SRC:-$(dirname "$0")/..}/docs/schemas" <<'PY' || fail=1
+import json, os, sys
+import jsonschema
+W, S = sys.argv[1], sys.argv[2]
+def v(name):
+    return jsonschema.Draft202012Validator(json.load(open(os.path.join(S, name + ".schema.json"))))
+est = json.load(open(os.path.join(W, "est.json")))
+v("estimate").validate(est)
+assert est["teacher"] > 0 and est["max"]["teacher"] > 0, "estimate --json: no teacher bytes"
+v("plan").validate(json.load(open(os.path.join(W, "plan.json"))))
+lines = [json.loads(l) for l in open(os.path.join(W, "m.jsonl"))]
+for l in lines:
+    v("metrics-line").validate(l)
+assert any(l.get("mem_teacher", 0) > 0 for l in lines), "metrics: no mem_teacher"
+print("ok   estimate/plan --json and metrics lines with a teacher match docs/schemas (teacher %d bytes)" % est["teacher"])
+PY
+
 # the planner stores the teacher in fewer bytes (lossy) when fp32 does not fit
 "$M" train --model gpt2-1m --n_layer 4 --n_embd 256 --n_head 4 --block_size 64 --seq 64 --batch 2 --steps 1 \
   --sample_tokens 0 --val_every 0 --val_batches 1 --threads 2 --progress 0 --data "$W/d.tok" --out_dir "$W/big" \
@@ -57,7 +80,7 @@ b=$(awk -v a="$n32" -v c="$n4" 'BEGIN {printf "%.2f", (a + c) / 2}')
 if [ -z "$n32" ] || [ -z "$n4" ]; then echo "FAIL planner rows: fp32 '$n32' nf4 '$n4'"; fail=1
 elif "$M" "${P[@]}" --allow lossy --budget "${b}MiB" | grep "^chosen" | grep -Eq "teacher (bf16|int8|nf4)"; then
   echo "ok   planner: teacher fp32 needs $n32 MiB, nf4 $n4 MiB; at ${b} MiB with --allow lossy it stores the teacher in fewer bits"
-  if "$M" "${P[@]}" --budget "${b}MiB" | grep "^chosen" | grep -Eq "teacher (bf16|int8|nf4)"; then
+  if "$M" "${P[@]}" --budget "${b}MiB" 2>/dev/null | grep "^chosen" | grep -Eq "teacher (bf16|int8|nf4)"; then
     echo "FAIL planner chose a lossy teacher dtype without --allow lossy"; fail=1; fi
 else echo "FAIL planner at ${b} MiB:"; "$M" "${P[@]}" --allow lossy --budget "${b}MiB"; fail=1; fi
 
