@@ -39,6 +39,8 @@ expect_ok gpt2-teacher "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 --tea
 expect_ok gpt2-teacher-int8 "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 --teacher "$W/gt/model.safetensors" \
   --teacher_dtype int8
 expect_ok llama-teacher-nf4 "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 --teacher "$W/lt" --teacher_dtype nf4
+expect_ok accum-seq-warmup "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 3 --teacher "$W/gt/model.safetensors" \
+  --grad_accum 2 --seq_warmup 2 --seq_warmup_start 8
 expect_ok checkpoint-teacher "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 --teacher "$W/gt/checkpoint.safetensors"
 printf 'teacher: %s\ndistill: alpha=0.25,temperature=4\nteacher_dtype: bf16\n' "$W/gt/model.safetensors" > "$W/kd.yaml"
 expect_ok yaml-keys "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 --config "$W/kd.yaml"

@@ -538,6 +538,11 @@ void mf_trainer_step_shape(const mf_trainer *t, int step, int *rows, int *T) {
     *rows = (int)((int64_t)t->B * t->T * accum / ts);
 }
 
+/* a training micro-batch fits the student's plan and (distillation) the teacher's */
+static int step_fits(const mf_model *m, int B, int T) {
+    return mf_model_fits(m, B, T) && (!m->teacher || mf_model_fits(&m->teacher->model, B, T));
+}
+
 int mf_trainer_accumulate(mf_trainer *t, int rows, int T, float lscale, double *loss) {
     mf_model *m = &t->model;
     mf_arena *a = &t->arena;
@@ -547,15 +552,15 @@ int mf_trainer_accumulate(mf_trainer *t, int rows, int T, float lscale, double *
      * the plan's buffers; the batch is run in as many as it takes */
     int64_t cap = (int64_t)t->B * t->T / T;
     int r = (int)(cap < rows ? cap : rows);
-    while (r > 0 && !mf_model_fits(m, r, T)) r--;
+    while (r > 0 && !step_fits(m, r, T)) r--;
     if (r < 1)
         return mf_fail("a sequence of %d tokens does not fit the plan (batch %d x seq %d): plan for seq %d", T, t->B,
                        t->T, T);
     int micro = (rows + r - 1) / r;
     /* balanced micro-batches of rows / micro and one more row must fit too */
-    while (micro < rows && !(mf_model_fits(m, rows / micro, T) && mf_model_fits(m, (rows + micro - 1) / micro, T)))
+    while (micro < rows && !(step_fits(m, rows / micro, T) && step_fits(m, (rows + micro - 1) / micro, T)))
         micro++;
-    if (!mf_model_fits(m, (rows + micro - 1) / micro, T))
+    if (!step_fits(m, (rows + micro - 1) / micro, T))
         return mf_fail("a batch of %d x %d tokens has no split that fits the plan (batch %d x seq %d)", rows, T, t->B, t->T);
     if (micro > 1 && m->opt.in_backward)
         return mf_fail("a batch of %d x %d tokens needs %d micro-batches of the plan's %d x %d, but update_in_backward "
