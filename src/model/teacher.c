@@ -238,7 +238,6 @@ int mf_teacher_plan(const mf_config *cfg, mf_model *m, mf_plan *plan, int nthrea
     for (int i = 0; i < n && !rc; i++) {
         mf_buf *b = &t->plan.bufs[i];
         t->mirror[i] = t->sub_id[i] = -1;
-        for (int k = 0; k < b->ndim; k++) if (b->shape[k] == 0) b->shape[k] = 1;
         int first = -1, last = -1;
         if (i == tm->inputs) t->mirror[i] = m->inputs;
         else if (i == tm->targets) t->mirror[i] = m->targets;
