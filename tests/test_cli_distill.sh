@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Distillation from the command line: a GPT-2 student learns from a GPT-2
+# Distillation from the command line: a GPT-2 student (full, LoRA) and a
+# Llama-family QLoRA student (nf4 base, bf16 head) learn from a GPT-2
 # teacher (memfit weights file) and from a Llama-family teacher (HF folder,
 # stored nf4), through flags and through YAML keys, with plan == ledger
 # ("exact" in every row of the memory report) and a `teacher` category in
@@ -41,6 +42,11 @@ expect_ok gpt2-teacher-int8 "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 
 expect_ok llama-teacher-nf4 "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 --teacher "$W/lt" --teacher_dtype nf4
 expect_ok accum-seq-warmup "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 3 --teacher "$W/gt/model.safetensors" \
   --grad_accum 2 --seq_warmup 2 --seq_warmup_start 8
+expect_ok lora-student "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 --teacher "$W/gt/model.safetensors" --lora r=2
+expect_ok llama-student-qlora "$M" train --model llama-tiny --tokenizer bytes --vocab_size 256 --n_layer 1 --n_embd 32 \
+  --n_head 4 --n_kv_head 2 --intermediate_size 64 --block_size 16 --seq 16 --batch 2 --sample_tokens 0 --val_every 0 \
+  --val_batches 1 --threads 2 --progress 0 --data "$W/d.tok" --steps 2 --lora r=2 --base_dtype nf4 \
+  --teacher "$W/gt/model.safetensors"
 expect_ok checkpoint-teacher "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 --teacher "$W/gt/checkpoint.safetensors"
 printf 'teacher: %s\ndistill: alpha=0.25,temperature=4\nteacher_dtype: bf16\n' "$W/gt/model.safetensors" > "$W/kd.yaml"
 expect_ok yaml-keys "$M" train "${tiny[@]}" --data "$W/d.tok" --steps 2 --config "$W/kd.yaml"
