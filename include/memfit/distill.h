@@ -78,10 +78,11 @@ void mf_teacher_forward(mf_model *student, mf_arena *a, int B, int T);
 double mf_teacher_head_chunk(mf_model *student, mf_arena *a, float *logits, float *losses, const int32_t *tgt, int r0,
                              int rows, float dscale);
 /* The loss kernel alone (tests): student logits z (rows, Vp) in, gradient
- * out (dscale != 0); teacher logits u (rows, Vp); padding columns >= V
- * take no part. kl and ce (may be NULL) receive the sums over counted rows
- * of each term unweighted (KL at temperature T, without T^2). */
-double mf_distill_loss_forward(float *z, const float *u, float *losses, const int32_t *tgt, int rows, int V, int Vp,
+ * out (dscale != 0); teacher logits u (rows, Vp), overwritten with
+ * exp((u - max u) / T) of the counted rows; padding columns >= V take no
+ * part. kl and ce (may be NULL) receive the sums over counted rows of each
+ * term unweighted (KL at temperature T, without T^2). */
+double mf_distill_loss_forward(float *z, float *u, float *losses, const int32_t *tgt, int rows, int V, int Vp,
                                float alpha, float temperature, float dscale, double *kl, double *ce);
 
 #ifdef __cplusplus

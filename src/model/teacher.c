@@ -9,6 +9,7 @@
 #include "memfit/io.h"
 #include "memfit/kernels.h"
 #include "memfit/quant.h"
+#include "kernels/vmath.h"
 
 #include <errno.h>
 #include <math.h>
@@ -38,14 +39,14 @@ int mf_distill_parse(const char *s, mf_distill_cfg *out) {
 
 /* ---- the loss -------------------------------------------------------- */
 
-double mf_distill_loss_forward(float *z, const float *u, float *losses, const int32_t *tgt, int rows, int V, int Vp,
+double mf_distill_loss_forward(float *z, float *u, float *losses, const int32_t *tgt, int rows, int V, int Vp,
                                float alpha, float temperature, float dscale, double *kl_out, double *ce_out) {
     double sum = 0, kls = 0, ces = 0;
     const double a = alpha, T = temperature;
+    const float iT = 1.0f / temperature;
 #pragma omp parallel for reduction(+ : sum, kls, ces) schedule(static)
     for (int r = 0; r < rows; r++) {
-        float *zr = z + (size_t)r * Vp;
-        const float *ur = u + (size_t)r * Vp;
+        float *zr = z + (size_t)r * Vp, *ur = u + (size_t)r * Vp;
         int y = tgt[r];
         if (y == MF_TARGET_IGNORE) {
             /* in neither term */
@@ -53,39 +54,46 @@ double mf_distill_loss_forward(float *z, const float *u, float *losses, const in
             if (dscale != 0.0f) memset(zr, 0, (size_t)Vp * sizeof(float));
             continue;
         }
-        double zmax = -INFINITY, umax = -INFINITY;
+        float zmax = -INFINITY, umax = -INFINITY;
+#pragma omp simd reduction(max : zmax, umax)
         for (int i = 0; i < V; i++) {
-            if (zr[i] > zmax) zmax = zr[i];
-            if (ur[i] > umax) umax = ur[i];
+            zmax = zr[i] > zmax ? zr[i] : zmax;
+            umax = ur[i] > umax ? ur[i] : umax;
         }
-        /* log-sum-exps: of z (the cross-entropy), of z/T and u/T */
-        double se = 0, ses = 0, seu = 0;
+        /* one pass: the sums of exp(z), exp(z/T), exp(u/T) (shifted by the
+         * maxima) and sum exp(u/T) (u - z) for the KL, in the vectorisable
+         * exp the cross-entropy uses; exp(u/T) is kept in u for the gradient */
+        double se = 0, ses = 0, seu = 0, cross = 0;
+#pragma omp simd reduction(+ : se, ses, seu, cross)
         for (int i = 0; i < V; i++) {
-            se += exp((double)zr[i] - zmax);
-            ses += exp(((double)zr[i] - zmax) / T);
-            seu += exp(((double)ur[i] - umax) / T);
+            const float dz = zr[i] - zmax, du = ur[i] - umax;
+            const float eu = mf_vexpf(du * iT);
+            se += (double)mf_vexpf(dz);
+            ses += (double)mf_vexpf(dz * iT);
+            seu += (double)eu;
+            cross += (double)eu * (double)(du - dz);
+            ur[i] = eu;
         }
-        double lse = log(se), lses = log(ses), lseu = log(seu);
-        double ce = lse - ((double)zr[y] - zmax);
-        /* KL(q_t || q_s) = sum q_t (log q_t - log q_s) */
-        double kl = 0;
-        for (int i = 0; i < V; i++) {
-            double lqt = ((double)ur[i] - umax) / T - lseu, lqs = ((double)zr[i] - zmax) / T - lses;
-            kl += exp(lqt) * (lqt - lqs);
-        }
-        double loss = (1.0 - a) * ce + a * T * T * kl;
+        const double lse = log(se), lses = log(ses), lseu = log(seu);
+        const double ce = lse - ((double)zr[y] - zmax);
+        /* KL(q_t || q_s) = sum q_t (log q_t - log q_s) with log q_t = du/T - lseu,
+         * log q_s = dz/T - lses and sum q_t = 1 */
+        const double kl = cross / (T * seu) - lseu + lses;
+        const double loss = (1.0 - a) * ce + a * T * T * kl;
         losses[r] = (float)loss;
         sum += loss;
         kls += kl;
         ces += ce;
         if (dscale != 0.0f) {
             /* d/dz: (1 - alpha) (softmax(z) - onehot(y)) + alpha T (q_s - q_t) */
+            const float ip = (float)(1.0 / se), is = (float)(1.0 / ses), it = (float)(1.0 / seu);
+            const float a1 = (float)((1.0 - a) * dscale), a2 = (float)(a * T * dscale);
+#pragma omp simd
             for (int i = 0; i < V; i++) {
-                double d = (double)zr[i] - zmax;
-                double p = exp(d - lse), qs = exp(d / T - lses), qt = exp(((double)ur[i] - umax) / T - lseu);
-                double g = (1.0 - a) * (p - (i == y)) + a * T * (qs - qt);
-                zr[i] = (float)(g * dscale);
+                const float dz = zr[i] - zmax;
+                zr[i] = a1 * mf_vexpf(dz) * ip + a2 * (mf_vexpf(dz * iT) * is - ur[i] * it);
             }
+            zr[y] -= a1;
             for (int i = V; i < Vp; i++) zr[i] = 0.0f;
         }
     }
