@@ -87,6 +87,10 @@ typedef struct {
     char base_dtype[8];       /* frozen base storage under LoRA: fp32 (bf16|int8|nf4 with quant/) */
     char adapter[MF_PATH_MAX];      /* load adapter_model.safetensors from this folder */
     char save_adapter[MF_PATH_MAX]; /* write the adapter (PEFT layout) into this folder */
+    /* distillation (distill.h) */
+    char teacher[MF_PATH_MAX];  /* "" or the teacher: memfit weights file, checkpoint, or HF folder */
+    char distill[64];           /* alpha=0.5,temperature=2.0 */
+    char teacher_dtype[8];      /* fp32 | bf16 | int8 | nf4: how the teacher's block weights are stored */
     unsigned char set_by_user[128]; /* per table row: 1 if file or flag set it */
 } mf_config;
 

@@ -62,6 +62,7 @@ typedef enum {
     MF_CAT_QUANT,
     MF_CAT_COMM,
     MF_CAT_OFFLOAD, /* windows that stream disk-resident state */
+    MF_CAT_TEACHER, /* distillation: the frozen teacher's weights and forward buffers */
     MF_CAT_COUNT
 } mf_cat;
 

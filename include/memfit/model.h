@@ -271,6 +271,7 @@ typedef struct {
     double moe_aux, moe_z;
     int64_t moe_dropped;
     float moe_gscale;
+    struct mf_teacher *teacher; /* distillation (distill.h): the frozen teacher, NULL without one */
 } mf_model;
 
 /* The plan a config implies, without data or arena (build.c; memfit

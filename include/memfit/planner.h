@@ -84,6 +84,7 @@ typedef struct {
     int pure;             /* pure_bf16: bf16 weights and AdamW moments */
     char lora[256];       /* "" (full fine-tuning) or the --lora spec */
     char base_dtype[8];   /* with lora: the frozen base's storage */
+    char teacher_dtype[8]; /* with a teacher (distillation): its storage, else "" */
     int update_in_backward;
     int offload;          /* optimizer state in a file */
     int lossy;            /* changes the maths of the requested run */

@@ -184,6 +184,8 @@ int mf_trainer_load_checkpoint(mf_trainer *t, const char *path);
 /* Weights only, Hugging Face GPT-2 names (unpadded vocabulary). */
 int mf_trainer_save_weights(const mf_trainer *t, const char *path);
 int mf_trainer_load_weights(mf_trainer *t, const char *path);
+/* Distillation (distill.c): the teacher's weights into its rows (no-op without --teacher). */
+int mf_trainer_load_teacher(mf_trainer *t);
 
 #ifdef __cplusplus
 }

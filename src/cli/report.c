@@ -1,6 +1,8 @@
 #include "report.h"
 #include "memfit/kernels.h"
 #include "memfit/dist.h"
+#include "memfit/distill.h"
+#include "memfit/quant.h"
 #include "memfit/half.h"
 #include "memfit/monitor.h"
 
@@ -81,6 +83,18 @@ static void lora_line(FILE *f, const mf_model *m, const mf_config *cfg, const mf
             (long long)n, 100.0 * (double)n / (double)all, (long long)all, cfg->base_dtype);
 }
 
+/* distillation: the teacher, its storage and its rows' bytes */
+static void teacher_line(FILE *f, const mf_model *m, const mf_plan *p) {
+    const mf_teacher *t = m->teacher;
+    if (!t) return;
+    char a[32], b[32], c[32], d[32];
+    fprintf(f, "teacher %s: %.2fM params (%s L%d C%d H%d), stored %s, weights %s, forward %s, hidden %s + logits chunk %s; "
+               "distill alpha=%g temperature=%g\n",
+            t->path, (double)mf_model_n_params(&t->d) / 1e6, t->d.arch == MF_ARCH_LLAMA ? "llama" : "gpt2", t->d.L, t->d.C,
+            t->d.NH, mf_quant_name((mf_quant_kind)t->kind), sz(t->weight_bytes, a), sz(p->bufs[t->row_fwd].bytes, b),
+            sz(p->bufs[t->row_hidden].bytes, c), sz(p->bufs[t->row_logits].bytes, d), t->cfg.alpha, t->cfg.temperature);
+}
+
 void mf_report_header(FILE *f, const mf_trainer *t) {
     const mf_dims *d = &t->d;
     fprintf(f, "model %s: %.2fM params (L%d C%d H%d, block %d, vocab %d padded to %d, %s tokenizer)\n",
@@ -92,6 +106,7 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
             (unsigned long long)(t->chat ? (uint64_t)t->sft.positions : t->train_hi - t->train_lo), t->n_val_batches,
             recompute_desc(&t->cfg, &t->model, rc, sizeof rc));
     lora_line(f, &t->model, &t->cfg, d);
+    teacher_line(f, &t->model, &t->plan);
     if (t->model.cdt != MF_DTYPE_F32)
         fprintf(f, "precision %s: 16-bit GEMM weights and GEMM inputs, fp32 %s, gradients and reductions; GEMM %s%s\n",
                 t->cfg.precision, t->model.opt.master ? "master weights, optimizer state" : "optimizer state (bf16 weights, "
@@ -261,14 +276,15 @@ static void per_layer(const mf_plan *p, int L, size_t (*out)[MF_CAT_COUNT]) {
 
 /* always shown, in this order; the other categories when they hold bytes */
 static const mf_cat shown[] = {MF_CAT_PARAMS, MF_CAT_GRADS, MF_CAT_OPTIM, MF_CAT_ACTS, MF_CAT_WORK, MF_CAT_DATA,
-                               MF_CAT_MASTER, MF_CAT_ADAPTER, MF_CAT_QUANT, MF_CAT_COMM, MF_CAT_OFFLOAD};
+                               MF_CAT_MASTER, MF_CAT_ADAPTER, MF_CAT_QUANT, MF_CAT_COMM, MF_CAT_OFFLOAD,
+                               MF_CAT_TEACHER};
 static const char *shown_label[] = {"params", "grads", "optimizer", "activations", "scratch", "data",
-                                    "master", "adapter", "quant", "comm", "offload"};
+                                    "master", "adapter", "quant", "comm", "offload", "teacher"};
 /* The same labels as JSON keys: "optimizer" there is the optimizer's name,
  * so its bytes are "optimizer_state" (one key, one meaning). */
 static const char *json_label(int k) { return shown[k] == MF_CAT_OPTIM ? "optimizer_state" : shown_label[k]; }
 #define NALWAYS 6
-#define NSHOWN 11
+#define NSHOWN 12
 
 /* "fp32 AdamW", "fp32 adamw8bit (blocks of 2048)", "fp32 adafactor" */
 static const char *optim_desc(const mf_model *m, char *buf, size_t n) {
@@ -318,6 +334,7 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
             fprintf(f, "dropless: routing rows sized for the worst case, %lld permuted rows (tokens x top-k), "
                        "%lld on one expert at most\n", (long long)R, (long long)G);
     }
+    teacher_line(f, m, p);
     if (m->opt.world > 1) {
         /* ZeRO paper section 5.1: the model states each rank keeps */
         size_t ms[MF_CAT_COUNT];

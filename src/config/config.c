@@ -5,6 +5,7 @@
 #include "memfit/model.h"
 #include "memfit/monitor.h"
 #include "memfit/lora.h"
+#include "memfit/distill.h"
 #include "memfit/quant.h"
 
 #include <errno.h>
@@ -116,6 +117,9 @@ static const key_row keys[] = {
     {"lora", T_STR, S(lora), "", 0, 0, "LoRA adapters on a frozen base: r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj (empty = full fine-tuning)"},
     {"base_dtype", T_STR, S(base_dtype), "fp32", 0, 0, "with lora: how the frozen base's block weights are stored: fp32, bf16, int8 (absmax blocks of 64) or nf4 (QLoRA NF4, double-quantised constants); dequantised a tile at a time inside the GEMM"},
     {"adapter", T_STR, S(adapter), "", 0, 0, "with lora: start from the adapter in this folder (adapter_model.safetensors, PEFT layout)"},
+    {"teacher", T_STR, S(teacher), "", 0, 0, "distillation: the frozen teacher to distill from (a memfit weights file or checkpoint, or a Hugging Face folder), forward only; it must share the student's tokenizer and vocabulary (docs/distillation.md)"},
+    {"distill", T_STR, S(distill), "alpha=0.5,temperature=2.0", 0, 0, "with teacher: loss = alpha * T^2 * KL(softmax(teacher/T) || softmax(student/T)) + (1 - alpha) * cross-entropy; alpha in [0, 1], temperature > 0"},
+    {"teacher_dtype", T_STR, S(teacher_dtype), "fp32", 0, 0, "with teacher: how its block weights are stored: fp32, bf16, int8 or nf4 (as base_dtype; dequantised a tile at a time inside the GEMM); the planner may choose one under --allow lossy"},
     {"save_adapter", T_STR, S(save_adapter), "", 0, 0, "with lora: write adapter_model.safetensors and adapter_config.json (PEFT layout) into this folder at the end"},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
@@ -248,6 +252,11 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
         int k;
         if (mf_quant_parse(value, &k)) return mf_fail("config key 'base_dtype': %s", mf_error());
     }
+    if (strcmp(r->key, "teacher_dtype") == 0) {
+        int k;
+        if (mf_quant_parse(value, &k)) return mf_fail("config key 'teacher_dtype': %s", mf_error());
+    }
+    if (strcmp(r->key, "distill") == 0 && mf_distill_parse(value, NULL)) return mf_fail("config key 'distill': %s", mf_error());
     c->set_by_user[idx] = 1;
     return 0;
 }

@@ -55,6 +55,7 @@ static const char *cat_names[MF_CAT_COUNT] = {
     [MF_CAT_OPTIM] = "optim",   [MF_CAT_ACTS] = "acts",     [MF_CAT_WORK] = "work",
     [MF_CAT_DATA] = "data",     [MF_CAT_ADAPTER] = "adapter", [MF_CAT_QUANT] = "quant",
     [MF_CAT_COMM] = "comm",     [MF_CAT_OFFLOAD] = "offload",
+    [MF_CAT_TEACHER] = "teacher",
 };
 
 const char *mf_cat_name(mf_cat c) { return c < MF_CAT_COUNT ? cat_names[c] : "?"; }

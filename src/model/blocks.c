@@ -352,7 +352,7 @@ void mf_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompu
     const int *res = recompute ? m->rres : m->res;
     lin_ctx c = lin_ctx_of(m, a);
     /* GPT-2 in fp32 without adapters: the fused bias/residual epilogues */
-    int fused = c.bd->fused_fp32 && !c.h16 && !m->lora.r;
+    int fused = c.bd->fused_fp32 && !c.h16 && !m->lora.r && !m->lora.base;  /* (a quantised teacher or model: lora.base, no adapters) */
     int moe = c.bd->mlp == MF_MLP_MOE;  /* no dense MLP rows */
     float *x = BUF(res[l]), *xmid = BUF(A->xmid), *fch = moe ? NULL : BUF(A->fch);
     void *ln1 = mf_arena_get(a, A->ln1), *ln2 = mf_arena_get(a, A->ln2), *h = moe ? NULL : mf_model_mlp_out(m, a, A);

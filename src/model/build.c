@@ -4,6 +4,7 @@
  * and neither of which includes the other for it. */
 #include "memfit/model.h"
 #include "memfit/dist.h"
+#include "memfit/distill.h"
 #include "memfit/quant.h"
 
 #include <string.h>
@@ -37,6 +38,8 @@ static int plan_once(const mf_config *cfg, mf_mode mode, int nthreads, const mf_
         model->pos = mf_plan_add(plan, "data.pos", MF_CAT_DATA, MF_DTYPE_I32, 2, shape, 0, plan->n_phases - 1, -1);
         if (model->pos < 0) { mf_plan_free(plan); return -1; }
     }
+    /* distillation: the teacher's rows (teacher.c) */
+    if (mf_teacher_plan(cfg, model, plan, nthreads)) { mf_model_free(model); mf_plan_free(plan); return -1; }
     model->lora_seed = cfg->seed;
     mf_plan_layout(plan);
     return 0;

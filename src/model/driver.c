@@ -8,6 +8,7 @@
  * the optimizer. The plan is plan.c's; the phases are listed there. */
 #include "internal.h"
 #include "memfit/dist.h"
+#include "memfit/distill.h"
 #include "memfit/half.h"
 #include "memfit/kernels.h"
 #include "memfit/quant.h"
@@ -304,6 +305,9 @@ static double head_loss(mf_model *m, mf_arena *a, int B, int T, int HW, int use_
     float *losses = BUF(m->losses), *dln = dscale != 0.0f ? BUF(m->dln) : NULL, *dwte = dln ? tensor_g(m, a, HW) : NULL;
     double sum = 0;
     void *dl16 = h16 && dln ? mf_arena_get(a, m->dlogits16) : NULL;
+    /* distillation: a training forward's loss takes the teacher's chunk too (teacher.c; fp32 compute) */
+    int kd = m->teacher && dscale != 0.0f;
+    if (kd && h16) mf_panic("distillation with 16-bit compute was not refused by the plan");
     for (int r0 = 0; r0 < N; r0 += R) {
         int rows = N - r0 < R ? N - r0 : R;
         if (h16) {
@@ -323,7 +327,8 @@ static double head_loss(mf_model *m, mf_arena *a, int B, int T, int HW, int use_
         const float *x = lnf + (size_t)r0 * C;
         if (hq) {
             mf_quant_linear_forward(logits, Vp, x, wte, NULL, rows, C, Vp, 0.0f, hq, hqs);
-            sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
+            if (kd) sum += mf_teacher_head_chunk(m, a, logits, losses + r0, tgt + r0, r0, rows, dscale);
+            else sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
             if (dln) {
                 memset(dln + (size_t)r0 * C, 0, (size_t)rows * C * sizeof(float));
                 mf_quant_linear_backward_input(dln + (size_t)r0 * C, logits, Vp, wte, rows, C, Vp, hq, hqs);
@@ -331,7 +336,8 @@ static double head_loss(mf_model *m, mf_arena *a, int B, int T, int HW, int use_
             continue;
         }
         mf_classifier_forward(logits, x, wte, rows, C, Vp);
-        sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
+        if (kd) sum += mf_teacher_head_chunk(m, a, logits, losses + r0, tgt + r0, r0, rows, dscale);
+        else sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
         if (dln) mf_classifier_backward(dln + (size_t)r0 * C, dwte, logits, x, wte, rows, C, Vp);
     }
     if (dln && HW != WTE) grads_done(m, HW, 1);  /* an untied head's gradient is complete */

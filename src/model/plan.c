@@ -17,6 +17,7 @@
  * Forward-only plans (sampling, evaluation) have phases 0 .. L+1 and keep a
  * layer's activations only while that layer runs. */
 #include "internal.h"
+#include "memfit/distill.h"
 #include "memfit/dist.h"
 #include "memfit/half.h"
 #include "memfit/kernels.h"
@@ -878,6 +879,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
 }
 
 void mf_model_free(mf_model *m) {
+    mf_teacher_free(m->teacher);  /* distillation's teacher (teacher.c), if any */
     free(m->tensors);
     free(m->res);   /* rres and racts share these allocations */
     free(m->acts);

@@ -16,7 +16,7 @@
  * bf16:pure (that and pure_bf16: bf16 AdamW moments);
  * "lora" values are "" (full fine-tuning) or "BASE_DTYPE|LORA_SPEC". */
 #define MAX_VALS 24
-#define N_AXES 7
+#define N_AXES 8
 /* the adapters the planner offers: r=8 on all of a block's matrices
  * (GPT-2's four: the README's walk-through and bench/lora.sh; a Llama's
  * seven projections) */
@@ -126,6 +126,15 @@ static int build_axes(axis *ax, const mf_config *cfg, int eff, int allow_lossy, 
             }
         }
     }
+    /* distillation's teacher (docs/distillation.md): stored bf16, int8 or
+     * nf4 its logits change, so those are offered only when lossy settings
+     * are allowed; a --teacher_dtype the user gave is kept */
+    ax[7].key = "teacher_dtype";
+    if (!cfg->teacher[0] || mf_config_was_set(cfg, "teacher_dtype")) axis_add(&ax[7], cfg->teacher_dtype, 0);
+    else {
+        static const char *tdt[] = {"fp32", "bf16", "int8", "nf4"};
+        for (int i = 0; i < (allow_lossy ? 4 : 1); i++) axis_add(&ax[7], tdt[i], i > 0);
+    }
     return 0;
 }
 
@@ -219,6 +228,7 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
             ch.pure = m.opt.half_state;
             snprintf(ch.lora, sizeof ch.lora, "%s", c.lora);
             snprintf(ch.base_dtype, sizeof ch.base_dtype, "%s", c.lora[0] ? c.base_dtype : "");
+            snprintf(ch.teacher_dtype, sizeof ch.teacher_dtype, "%s", c.teacher[0] ? c.teacher_dtype : "");
             ch.update_in_backward = c.update_in_backward;
             ch.offload = c.offload[0] != 0;
             ch.lossy = lossy;
@@ -261,7 +271,8 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
             strcmp(x->optimizer, cfg->optimizer) == 0 && x->update_in_backward == cfg->update_in_backward &&
             strcmp(x->precision, cfg->precision) == 0 && (strcmp(x->precision, "fp32") == 0 || x->master == cfg->master_weights) && x->pure == cfg->pure_bf16 &&
             x->offload == (cfg->offload[0] != 0) && strcmp(x->lora, cfg->lora) == 0 &&
-            (!cfg->lora[0] || strcmp(x->base_dtype, cfg->base_dtype) == 0))
+            (!cfg->lora[0] || strcmp(x->base_dtype, cfg->base_dtype) == 0) &&
+            (!cfg->teacher[0] || strcmp(x->teacher_dtype, cfg->teacher_dtype) == 0))
             out->requested = i;
         if (out->smallest < 0 || x->need < out->c[out->smallest].need ||
             (x->need == out->c[out->smallest].need && x->pred_s < out->c[out->smallest].pred_s))
@@ -314,6 +325,7 @@ int mf_planner_apply(const mf_planner_choice *c, const char *offload_path, mf_co
     if (strcmp(cfg->precision, "fp32") != 0) cfg->master_weights = c->master;
     cfg->pure_bf16 = c->pure;
     if (mf_config_set(cfg, "lora", c->lora) || (c->lora[0] && mf_config_set(cfg, "base_dtype", c->base_dtype))) return -1;
+    if (c->teacher_dtype[0] && mf_config_set(cfg, "teacher_dtype", c->teacher_dtype)) return -1;
     if (c->offload && !cfg->offload[0]) {
         snprintf(v, sizeof v, "optimizer=disk:%s", offload_path);
         if (mf_config_set(cfg, "offload", v)) return -1;
@@ -333,8 +345,10 @@ char *mf_planner_describe(const mf_planner_choice *c, char *buf, size_t n) {
         const char *r = strstr(c->lora, "r=");
         snprintf(lo, sizeof lo, ", LoRA r=%d on a %s base", r ? atoi(r + 2) : 0, c->base_dtype);
     }
-    snprintf(buf, n, "recompute %s, batch %d x accum %d, %s%s%s%s%s", rc, c->batch, c->grad_accum, c->optimizer,
-             c->update_in_backward ? ", update_in_backward" : "", c->offload ? ", offload disk" : "", pr, lo);
+    char te[32] = "";
+    if (c->teacher_dtype[0]) snprintf(te, sizeof te, ", teacher %s", c->teacher_dtype);
+    snprintf(buf, n, "recompute %s, batch %d x accum %d, %s%s%s%s%s%s", rc, c->batch, c->grad_accum, c->optimizer,
+             c->update_in_backward ? ", update_in_backward" : "", c->offload ? ", offload disk" : "", pr, lo, te);
     return buf;
 }
 

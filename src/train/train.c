@@ -2,6 +2,7 @@
  * step, validation and sampling. */
 #include "memfit/train.h"
 #include "memfit/dist.h"
+#include "memfit/distill.h"
 #include "memfit/half.h"
 #include "memfit/kernels.h"
 #include "memfit/optim.h"
@@ -432,6 +433,7 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     mf_model_init_weights(&t->model, &t->arena, cfg->seed);
     if (mode == MF_MODE_TRAIN && t->model.opt.offload_path[0] && (mf_offstate_open(t) || mf_offstate_zero(t))) goto fail;
     if (cfg->init[0] && mf_trainer_load_weights(t, cfg->init)) goto fail;
+    if (mf_trainer_load_teacher(t)) goto fail;
     if (cfg->adapter[0] && mf_lora_load_adapter(&t->model, &t->arena, cfg->adapter)) goto fail;
     if (cfg->resume[0] && mf_trainer_load_checkpoint(t, cfg->resume)) goto fail;
     return 0;
@@ -629,6 +631,11 @@ void mf_trainer_step_shape(const mf_trainer *t, int step, int *rows, int *T) {
     *rows = (int)((int64_t)t->B * t->T * accum / ts);
 }
 
+/* a training micro-batch fits the student's plan and (distillation) the teacher's */
+static int step_fits(const mf_model *m, int B, int T) {
+    return mf_model_fits(m, B, T) && (!m->teacher || mf_model_fits(&m->teacher->model, B, T));
+}
+
 int mf_trainer_accumulate(mf_trainer *t, int rows, int T, float lscale, double *loss) {
     mf_model *m = &t->model;
     mf_arena *a = &t->arena;
@@ -638,15 +645,15 @@ int mf_trainer_accumulate(mf_trainer *t, int rows, int T, float lscale, double *
      * the plan's buffers; the batch is run in as many as it takes */
     int64_t cap = (int64_t)t->B * t->T / T;
     int r = (int)(cap < rows ? cap : rows);
-    while (r > 0 && !mf_model_fits(m, r, T)) r--;
+    while (r > 0 && !step_fits(m, r, T)) r--;
     if (r < 1)
         return mf_fail("a sequence of %d tokens does not fit the plan (batch %d x seq %d): plan for seq %d", T, t->B,
                        t->T, T);
     int micro = (rows + r - 1) / r;
     /* balanced micro-batches of rows / micro and one more row must fit too */
-    while (micro < rows && !(mf_model_fits(m, rows / micro, T) && mf_model_fits(m, (rows + micro - 1) / micro, T)))
+    while (micro < rows && !(step_fits(m, rows / micro, T) && step_fits(m, (rows + micro - 1) / micro, T)))
         micro++;
-    if (!mf_model_fits(m, (rows + micro - 1) / micro, T))
+    if (!step_fits(m, (rows + micro - 1) / micro, T))
         return mf_fail("a batch of %d x %d tokens has no split that fits the plan (batch %d x seq %d)", rows, T, t->B, t->T);
     if (micro > 1 && m->opt.in_backward)
         return mf_fail("a batch of %d x %d tokens needs %d micro-batches of the plan's %d x %d, but update_in_backward "
@@ -672,11 +679,13 @@ int mf_trainer_accumulate(mf_trainer *t, int rows, int T, float lscale, double *
         m->lora_micro = keyed ? (uint64_t)t->step << 20 | (uint64_t)k : (uint64_t)t->step * (uint64_t)accum + (uint64_t)k;
         if (t->chat) {
             int ck = load_chat_rows(t, rk, T);
+            if (m->teacher) mf_teacher_forward(m, a, rk, T);  /* distillation: the teacher's hidden states */
             loss_sum += mf_model_forward(m, a, rk, T, 1, dscale) * ck;
             mf_model_backward(m, a, rk, T);
             continue;
         }
         load_rows(t, rk, T);
+        if (m->teacher) mf_teacher_forward(m, a, rk, T);
         double lk = mf_model_forward(m, a, rk, T, 1, dscale);
         loss_sum += rows % micro ? lk * rk : lk;
         mf_model_backward(m, a, rk, T);
