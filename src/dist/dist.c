@@ -32,6 +32,15 @@ static double g_t_sync, g_t_bg, g_t_wait, g_comm_bytes;
 
 static int use_ring(void);
 
+/* A communicator and this rank's place in it. Without hybrid sharding
+ * the group is the world and there is no cross communicator; with
+ * zero_group N (mf_dist_set_group) a group is N consecutive ranks (rank / N)
+ * and the cross communicator joins the ranks that hold the same shard in
+ * every group (rank % N). */
+typedef struct { MPI_Comm comm; int size, rank; } comm_t;
+static comm_t g_wc = {MPI_COMM_NULL, 1, 0}, g_gc = {MPI_COMM_NULL, 1, 0}, g_xc = {MPI_COMM_NULL, 1, 0};
+static int g_hybrid;
+
 static int launched(void) {
     /* Open MPI's mpirun, PMIx and Hydra/Slurm PMI set these */
     const char *v[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"};
@@ -98,6 +107,7 @@ int mf_dist_init(void) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    g_wc = g_gc = (comm_t){MPI_COMM_WORLD, g_world, g_rank};
     signal(SIGTERM, on_term);
     if (g_rank > 0 && !freopen("/dev/null", "w", stdout)) return mf_fail("rank %d: cannot silence stdout", g_rank);
     /* one message to each neighbour now, so the transport's buffers exist
@@ -243,12 +253,12 @@ static int use_ring(void) {
     return g_ring;
 }
 
-static int mpi_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n) {
-    int W = g_world;
+static int mpi_reduce_scatter(const comm_t *cm, float *x, int64_t n, float *scratch, int64_t scratch_n) {
+    int W = cm->size;
     int64_t b = scratch_n / W, most = (n + W - 1) / W;
     if (b < 1) return mf_fail("rank %d: reduce-scatter scratch of %lld floats for %d ranks", g_rank, (long long)scratch_n, W);
     int64_t lo, hi;
-    mf_dist_shard(n, W, g_rank, &lo, &hi);
+    mf_dist_shard(n, W, cm->rank, &lo, &hi);
     for (int64_t o = 0; o < most; o += b) {
         int64_t bc = most - o < b ? most - o : b;
         for (int r = 0; r < W; r++) {
@@ -260,7 +270,7 @@ static int mpi_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scrat
             memset(scratch + r * bc + c, 0, (size_t)(bc - c) * sizeof *x);
         }
         MPI_Request req;
-        int rc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, scratch, (int)bc, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+        int rc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, scratch, (int)bc, MPI_FLOAT, MPI_SUM, cm->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(rc, "reduce-scatter");
         if (wait_req(&req, 1, "reduce-scatter")) return -1;
         int64_t c = hi - lo - o;
@@ -273,8 +283,8 @@ static int mpi_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scrat
 /* The same sum as W reductions (MPI_Ireduce), one to each shard's owner,
  * all in flight at once: no packing, each shard reduced in place at its
  * owner, messages of at most a bucket. The default reduce-scatter. */
-static int mpi_reduce_roots(float *x, int64_t n) {
-    int W = g_world;
+static int mpi_reduce_roots(const comm_t *cm, float *x, int64_t n) {
+    int W = cm->size;
     MPI_Request req[W];
     int64_t most = (n + W - 1) / W, b = g_bucket / W > 0 ? g_bucket / W : 1;
     for (int64_t o = 0; o < most; o += b) {
@@ -283,8 +293,8 @@ static int mpi_reduce_roots(float *x, int64_t n) {
             mf_dist_shard(n, W, r, &rl, &rh);
             int64_t c = rh - rl - o;
             c = c < 0 ? 0 : c > b ? b : c;
-            int rc = r == g_rank ? MPI_Ireduce(MPI_IN_PLACE, x + rl + o, (int)c, MPI_FLOAT, MPI_SUM, r, MPI_COMM_WORLD, &req[r])
-                                 : MPI_Ireduce(x + rl + o, NULL, (int)c, MPI_FLOAT, MPI_SUM, r, MPI_COMM_WORLD, &req[r]);
+            int rc = r == cm->rank ? MPI_Ireduce(MPI_IN_PLACE, x + rl + o, (int)c, MPI_FLOAT, MPI_SUM, r, cm->comm, &req[r])
+                                   : MPI_Ireduce(x + rl + o, NULL, (int)c, MPI_FLOAT, MPI_SUM, r, cm->comm, &req[r]);
             if (rc != MPI_SUCCESS) return mpi_fail(rc, "reduce-scatter");
         }
         if (wait_req(req, W, "reduce-scatter")) return -1;
@@ -292,8 +302,8 @@ static int mpi_reduce_roots(float *x, int64_t n) {
     return 0;
 }
 
-static int mpi_allgather(float *x, int64_t n) {
-    int W = g_world;
+static int mpi_allgather(const comm_t *cm, float *x, int64_t n) {
+    int W = cm->size;
     int cnt[W], disp[W];
     int64_t most = (n + W - 1) / W, b = g_bucket / W > 0 ? g_bucket / W : 1;
     for (int64_t o = 0; o < most; o += b) {
@@ -315,18 +325,18 @@ static int mpi_allgather(float *x, int64_t n) {
             return mf_fail("rank %d: all-gather of a %lld-element tensor over %d ranks: displacements exceed MPI's int",
                            g_rank, (long long)n, W);
         MPI_Request req;
-        int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x + base, cnt, disp, MPI_FLOAT, MPI_COMM_WORLD, &req);
+        int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x + base, cnt, disp, MPI_FLOAT, cm->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(rc, "all-gather");
         if (wait_req(&req, 1, "all-gather")) return -1;
     }
     return 0;
 }
 
-static int mpi_allreduce(float *x, int64_t n) {
+static int mpi_allreduce(const comm_t *cm, float *x, int64_t n) {
     for (int64_t o = 0; o < n; o += g_bucket) {
         int c = (int)(n - o < g_bucket ? n - o : g_bucket);
         MPI_Request req;
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, x + o, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, x + o, c, MPI_FLOAT, MPI_SUM, cm->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(rc, "all-reduce");
         if (wait_req(&req, 1, "all-reduce")) return -1;
     }
@@ -336,7 +346,7 @@ static int mpi_allreduce(float *x, int64_t n) {
 /* bytes this rank sends per collective with a bandwidth-optimal (ring)
  * algorithm: (W-1)/W of the buffer for a reduce-scatter or an all-gather,
  * twice that for an all-reduce (the volume the ZeRO paper counts) */
-static void count(int64_t n, int k) { g_comm_bytes += k * (double)n * sizeof(float) * (g_world - 1) / g_world; }
+static void count(const comm_t *cm, int64_t n, int k) { g_comm_bytes += k * (double)n * sizeof(float) * (cm->size - 1) / cm->size; }
 double mf_dist_comm_bytes(void) { return g_comm_bytes; }
 
 static int timed(int rc, double t0) {
@@ -347,31 +357,47 @@ static int timed(int rc, double t0) {
 int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n) {
     if (g_world == 1) return 0;
     if (join_prefetch()) return -1;
-    count(n, 1);
     double t0 = mf_time_now();
+    if (g_hybrid) {
+        /* hybrid shard: reduce-scatter inside the group, then all-reduce the
+         * shard across the groups (each group holds the same shards) */
+        count(&g_gc, n, 1);
+        int64_t lo, hi;
+        mf_dist_shard(n, g_gc.size, g_gc.rank, &lo, &hi);
+        count(&g_xc, hi - lo, 2);
+        const char *rs = getenv("MEMFIT_DIST_RS");
+        int rc = g_gc.size == 1 ? 0
+               : rs && strcmp(rs, "block") == 0 ? mpi_reduce_scatter(&g_gc, x, n, scratch, scratch_n)
+               : mpi_reduce_roots(&g_gc, x, n);
+        if (!rc) rc = mpi_allreduce(&g_xc, x + lo, hi - lo);
+        return timed(rc, t0);
+    }
+    count(&g_wc, n, 1);
     /* the W owner reductions measured faster than MPI_Ireduce_scatter_block
      * here (Open MPI 4.1's libnbc reduces the whole buffer to one rank and
      * scatters it): gpt2-10m zero 2, np 2, 0.97x vs 0.91x the ring's tok/s,
      * docs/memory.md; MEMFIT_DIST_RS=block picks the block form */
     const char *rs = getenv("MEMFIT_DIST_RS");
-    if (!use_ring() && !(rs && strcmp(rs, "block") == 0)) return timed(mpi_reduce_roots(x, n), t0);
-    return timed(use_ring() ? ring_reduce_scatter(x, n, scratch, scratch_n) : mpi_reduce_scatter(x, n, scratch, scratch_n), t0);
+    if (!use_ring() && !(rs && strcmp(rs, "block") == 0)) return timed(mpi_reduce_roots(&g_wc, x, n), t0);
+    return timed(use_ring() ? ring_reduce_scatter(x, n, scratch, scratch_n) : mpi_reduce_scatter(&g_wc, x, n, scratch, scratch_n), t0);
 }
 
 int mf_dist_allgather(float *x, int64_t n) {
     if (g_world == 1) return 0;
     if (join_prefetch()) return -1;
-    count(n, 1);
+    /* hybrid shard: the shards of a tensor are within the group */
+    if (g_gc.size == 1) return 0;
+    count(&g_gc, n, 1);
     double t0 = mf_time_now();
-    return timed(use_ring() ? ring_allgather(x, n) : mpi_allgather(x, n), t0);
+    return timed(use_ring() ? ring_allgather(x, n) : mpi_allgather(&g_gc, x, n), t0);
 }
 
 int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n) {
     if (g_world == 1) return 0;
     if (join_prefetch()) return -1;
-    count(n, 2);
+    count(&g_wc, n, 2);
     double t0 = mf_time_now();
-    if (!use_ring()) return timed(mpi_allreduce(x, n), t0);
+    if (!use_ring()) return timed(mpi_allreduce(&g_wc, x, n), t0);
     if (ring_reduce_scatter(x, n, scratch, scratch_n)) return -1;
     return timed(ring_allgather(x, n), t0);
 }
@@ -408,7 +434,7 @@ static void *gather_thread(void *arg) {
         }
         if (mf_dist_reduce_scatter(g_gx[i], g_gn[i], g_gscr, g_gscrn)) { g_grc = -1; break; }
         int64_t lo, hi;
-        mf_dist_shard(g_gn[i], g_world, g_rank, &lo, &hi);
+        mf_dist_shard(g_gn[i], g_gc.size, g_gc.rank, &lo, &hi);
         for (int64_t k = 0; k < hi - lo; k++) g_gacc[i][k] += g_gx[i][lo + k];
     }
     g_t_bg += mf_time_now() - t0;
@@ -455,33 +481,67 @@ int mf_dist_reduce_start(float *const *x, const int64_t *n, float *const *acc, i
     return job_start(x, n, acc, k, scratch, scratch_n);
 }
 
-int mf_dist_sum_doubles(double *x, int n) {
-    if (!g_active || g_world == 1) return 0;
+static int sum_doubles(const comm_t *cm, double *x, int n);
+
+int mf_dist_sum_doubles(double *x, int n) { return sum_doubles(&g_wc, x, n); }
+int mf_dist_sum_doubles_group(double *x, int n) { return sum_doubles(&g_gc, x, n); }
+
+static int sum_doubles(const comm_t *cm, double *x, int n) {
+    if (!g_active || cm->size == 1) return 0;
+    int W = cm->size, R = cm->rank;
     /* gathered and summed in rank order, so every rank gets bitwise the
      * same sum (a clip scale that differed in its last bit would let the
      * replicas drift apart) */
     static double all[4096];
-    if ((int64_t)n * g_world > (int64_t)(sizeof all / sizeof all[0]))
-        return mf_fail("sum of %d values over %d ranks exceeds the %zu-value buffer", n, g_world, sizeof all / sizeof all[0]);
-    memcpy(all + (size_t)g_rank * n, x, (size_t)n * sizeof *x);
+    if ((int64_t)n * W > (int64_t)(sizeof all / sizeof all[0]))
+        return mf_fail("sum of %d values over %d ranks exceeds the %zu-value buffer", n, W, sizeof all / sizeof all[0]);
+    memcpy(all + (size_t)R * n, x, (size_t)n * sizeof *x);
     if (join_prefetch()) return -1;
     if (use_ring()) {
-        for (int s = 0; s < g_world - 1; s++) {
-            int cs = mod(g_rank - s, g_world), cr = mod(g_rank - s - 1, g_world);
-            if (sendrecv(all + (size_t)cs * n, n, mod(g_rank + 1, g_world), all + (size_t)cr * n, n,
-                         mod(g_rank - 1, g_world), MPI_DOUBLE, 73, "sum of scalars"))
+        for (int s = 0; s < W - 1; s++) {
+            int cs = mod(R - s, W), cr = mod(R - s - 1, W);
+            if (sendrecv(all + (size_t)cs * n, n, mod(R + 1, W), all + (size_t)cr * n, n,
+                         mod(R - 1, W), MPI_DOUBLE, 73, "sum of scalars"))
                 return -1;
         }
     } else {
         MPI_Request req;
-        int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, n, MPI_DOUBLE, MPI_COMM_WORLD, &req);
+        int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, n, MPI_DOUBLE, cm->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(rc, "sum of scalars");
         if (wait_req(&req, 1, "sum of scalars")) return -1;
     }
     for (int i = 0; i < n; i++) {
         double s = 0;
-        for (int k = 0; k < g_world; k++) s += all[(size_t)k * n + i];
+        for (int k = 0; k < W; k++) s += all[(size_t)k * n + i];
         x[i] = s;
     }
     return 0;
 }
+
+int mf_dist_set_group(int n) {
+    if (!g_active || g_world == 1 || n == 0 || n == g_world) return 0;
+    if (n < 0 || n > g_world || g_world % n)
+        return mf_fail("zero_group %d does not divide the %d ranks (groups of zero_group consecutive ranks each hold "
+                       "every shard once)", n, g_world);
+    if (use_ring()) return mf_fail("zero_group %d: hybrid sharding runs on MPI's collectives; unset MEMFIT_DIST_RING", n);
+    if (g_hybrid) return 0;
+    if (join_prefetch()) return -1;
+    /* both splits are collective over the world: every rank calls this once,
+     * at the same point of the trainer's start */
+    MPI_Comm gc, xc;
+    int rc = MPI_Comm_split(MPI_COMM_WORLD, g_rank / n, g_rank, &gc);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Comm_split (shard group)");
+    rc = MPI_Comm_split(MPI_COMM_WORLD, g_rank % n, g_rank, &xc);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Comm_split (across groups)");
+    MPI_Comm_set_errhandler(gc, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(xc, MPI_ERRORS_RETURN);
+    g_gc.comm = gc, g_xc.comm = xc;
+    MPI_Comm_size(gc, &g_gc.size);
+    MPI_Comm_rank(gc, &g_gc.rank);
+    MPI_Comm_size(xc, &g_xc.size);
+    MPI_Comm_rank(xc, &g_xc.rank);
+    g_hybrid = 1;
+    return 0;
+}
+
+int mf_dist_group(void) { return g_gc.size; }

@@ -8,6 +8,7 @@
  *   stage 1: 4 Psi + 4 Psi + 8 Psi / N
  *   stage 2: 4 Psi + (4 + 8) Psi / N   (+ one layer's full gradients in backward)
  *   stage 3: (4 + 4 + 8) Psi / N       (+ the parameters of the layer that runs)
+ * with N the shard count: the ranks, or zero_group under hybrid sharding.
  * The state rows are planned on the shard by the model (mf_optim.zero), the
  * gradient shards too; this file adds the collectives' bucket scratch and runs the
  * collectives at the points the trainer calls it. */
@@ -16,7 +17,23 @@
 
 #include <string.h>
 
+int mf_zero_shards(const mf_optim *o) { return o->group > 0 ? o->group : o->world > 1 ? o->world : 1; }
+
+double mf_zero_comm_volume(int zero, int world, int group, double psi) {
+    if (world <= 1) return 0;
+    double b = psi * sizeof(float), W = world;
+    if (zero == 0) return 2 * b * (W - 1) / W;  /* one all-reduce over the world */
+    double N = group > 0 ? group : world, G = W / N;
+    /* reduce-scatter in the group, the shard's all-reduce across groups,
+     * then the parameters' all-gather(s) in the group: once after the
+     * update (stages 1-2) or in forward and again in backward (stage 3) */
+    return b * (N - 1) / N + 2 * (b / N) * (G - 1) / G + (zero >= 3 ? 2 : 1) * b * (N - 1) / N;
+}
+
 int mf_zero_check(const mf_config *cfg, int world) {
+    if (cfg->zero_group && (world % cfg->zero_group || cfg->zero_group > world))
+        return mf_fail("zero_group %d does not divide the %d ranks (groups of zero_group consecutive ranks each hold "
+                       "every shard once)", cfg->zero_group, world);
     if (world <= 1) return 0;
     if (cfg->zero == 3 && strcmp(cfg->recompute, "none") != 0 && strcmp(cfg->recompute, "selective") != 0)
         return mf_fail("zero 3 gathers each layer's parameters for its own phases; recompute '%s' rebuilds blocks in "
@@ -39,7 +56,7 @@ static int sharded(const mf_model *m) { return m->opt.zero >= 1 && m->opt.world 
 int64_t mf_zero_ring_numel(const mf_model *m) {
     /* the reduce-scatter's packed bucket: one block per rank of at most the
      * largest shard, all of them within one message (MF_DIST_BUCKET) */
-    int W = m->opt.world > 1 ? m->opt.world : 1;
+    int W = mf_zero_shards(&m->opt);
     int64_t most = 1, cap = MF_DIST_BUCKET / W > 0 ? MF_DIST_BUCKET / W : 1;
     for (int i = 0; i < m->n_tensors; i++) {
         int64_t s = (m->tensors[i].numel + W - 1) / W;
@@ -113,7 +130,7 @@ int mf_zero_grad_sumsq(mf_model *m, mf_arena *a, double *out) {
         ss += mf_sumsq(g, (size_t)(x->hi - x->lo));
     }
     /* stage 0: every rank holds the whole summed gradient already */
-    if (sharded(m) && mf_dist_sum_doubles(&ss, 1)) return -1;
+    if (sharded(m) && mf_dist_sum_doubles_group(&ss, 1)) return -1;
     *out = ss;
     return 0;
 }

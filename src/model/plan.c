@@ -121,7 +121,7 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     int shard = m->opt.zero >= 1 && m->opt.world > 1;
     if (shard) {
         /* ZeRO: the optimizer sees only this rank's slice of the elements */
-        mf_dist_shard(t->numel, m->opt.world, m->opt.rank, &t->lo, &t->hi);
+        mf_dist_shard(t->numel, mf_zero_shards(&m->opt), m->opt.rank % mf_zero_shards(&m->opt), &t->lo, &t->hi);
         t->os = (mf_optim_shape){1, t->hi - t->lo, 1, 0};
     }
     int last = m->n_phases - 1;

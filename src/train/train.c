@@ -377,7 +377,7 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     if (mf_config_was_set(cfg, "world_size") && cfg->world_size != t->world)
         return mf_fail("world_size %d, but this process is one of %d ranks (train takes the ranks from mpirun -np)",
                        cfg->world_size, t->world);
-    if (mf_zero_check(cfg, t->world)) return -1;
+    if (mf_zero_check(cfg, t->world) || mf_dist_set_group(cfg->zero_group)) return -1;
     t->B = cfg->batch / t->world;
     t->T = cfg->seq ? cfg->seq : t->d.maxT;
     if (t->T > t->d.maxT) return mf_fail("seq %d exceeds the model's block_size %d", t->T, t->d.maxT);
