@@ -42,6 +42,15 @@ int mf_dist_rank(void);   /* 0 without a launcher */
  * collective. Returns rc. Without MPI it only returns rc. */
 int mf_dist_finish(int rc);
 
+/* At a step boundary, every rank calls it: *sig is this rank's stop signal
+ * (0 = none; a SIGTERM or SIGINT that reached the rank under a launcher
+ * counts too); on return it is the largest over the ranks, so every rank
+ * stops after the same step. Under mpirun a SIGTERM that does not lead to
+ * this agreement within 80% of odls_base_sigkill_timeout (1 s by default;
+ * raise it with --mca odls_base_sigkill_timeout S for long steps) stops the
+ * rank with "stopped by the MPI launcher". */
+int mf_dist_stop_agree(int *sig);
+
 /* Seconds a collective may wait for a peer before it fails (0 = forever;
  * default 300): the config key dist_timeout. */
 void mf_dist_set_timeout(double seconds);

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 static int g_init, g_active, g_world = 1, g_rank = 0, g_thread_ok;
@@ -31,6 +33,7 @@ static _Thread_local int t_in_job;  /* set in the background thread */
 static double g_t_sync, g_t_bg, g_t_wait, g_comm_bytes;
 
 static int use_ring(void);
+static int wait_req(MPI_Request *req, int nreq, const char *what);
 
 /* A communicator and this rank's place in it. Without hybrid sharding
  * the group is the world and there is no cross communicator; with
@@ -56,12 +59,53 @@ static int mpi_fail(int rc, const char *what) {
     return mf_fail("rank %d: %s failed: %s (another rank probably died or cannot be reached)", g_rank, what, msg);
 }
 
-/* mpirun stops the surviving ranks with SIGTERM when one dies: say so */
-static void on_term(int sig) {
-    static const char msg[] = "memfit: error: stopped by the MPI launcher (another rank failed or was killed)\n";
+/* SIGTERM reaches a rank from mpirun both when the job is signalled
+ * (mpirun turns SIGINT and SIGTERM into SIGTERM to every rank, then SIGKILL
+ * odls_base_sigkill_timeout seconds later) and when another rank died. The
+ * first asks the ranks to stop after the step in progress: at each step
+ * boundary they agree on it (mf_dist_stop_agree), rank 0 checkpoints and
+ * all exit 0. A rank whose peer died never reaches that agreement: a timer
+ * started with the signal (80% of the launcher's grace, before its SIGKILL)
+ * then stops it with the launcher message, as does a second signal. */
+static volatile sig_atomic_t g_stop_sig;
+static int g_stop_agreed;  /* the ranks agreed to stop on a signal */
+static struct itimerval g_grace;
+
+static void launcher_exit(int sig) {
+    static const char msg[] = "memfit: error: stopped by the MPI launcher (another rank failed or was killed, or the "
+                              "job was signalled and this rank could not finish its step in odls_base_sigkill_timeout)\n";
     ssize_t r = write(2, msg, sizeof msg - 1);
     (void)r;
     _exit(128 + sig);
+}
+
+static void on_grace(int sig) { (void)sig; launcher_exit(SIGTERM); }
+
+static void on_term(int sig) {
+    if (g_stop_sig) launcher_exit(sig);
+    g_stop_sig = sig;
+    setitimer(ITIMER_REAL, &g_grace, NULL);
+}
+
+static void stop_install(void) {
+    const char *e = getenv("OMPI_MCA_odls_base_sigkill_timeout");
+    double grace = 0.8 * (e && atof(e) > 0 ? atof(e) : 1.0);
+    g_grace.it_value.tv_sec = (time_t)grace;
+    g_grace.it_value.tv_usec = (suseconds_t)((grace - (double)(time_t)grace) * 1e6);
+    /* on a stack of its own, as the single-process handler (cli/main.c):
+     * a frame pushed on the interrupted stack can corrupt oneDNN's sgemm */
+    static char alt[1 << 16];
+    stack_t ss = {.ss_sp = alt, .ss_size = sizeof alt, .ss_flags = 0};
+    int onstack = sigaltstack(&ss, NULL) == 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | (onstack ? SA_ONSTACK : 0);
+    sa.sa_handler = on_term;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sa.sa_handler = on_grace;
+    sigaction(SIGALRM, &sa, NULL);
 }
 
 static int64_t g_bucket = MF_DIST_BUCKET;
@@ -108,7 +152,7 @@ int mf_dist_init(void) {
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     g_wc = g_gc = (comm_t){MPI_COMM_WORLD, g_world, g_rank};
-    signal(SIGTERM, on_term);
+    stop_install();
     if (g_rank > 0 && !freopen("/dev/null", "w", stdout)) return mf_fail("rank %d: cannot silence stdout", g_rank);
     /* one message to each neighbour now, so the transport's buffers exist
      * before the trainer reads its baseline RSS */
@@ -127,6 +171,19 @@ int mf_dist_finish(int rc) {
     if (!g_active) return rc;
     g_active = 0;
     if (rc == 0 && mf_dist_gather_wait()) rc = -1;
+    if (rc == 0 && g_stop_agreed) {
+        /* stopped on the launcher's SIGTERM: mpirun is tearing the job down,
+         * and MPI_Finalize's fence with it never completes (measured: the
+         * ranks sat in it until the SIGKILL); the work is saved, so leave,
+         * all at once: a rank that left first would make mpirun kill the
+         * others, perhaps in the middle of writing their checkpoint */
+        MPI_Request req;
+        if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS || wait_req(&req, 1, "barrier before exit")) rc = -1;
+        else {
+            fflush(NULL);
+            _exit(0);
+        }
+    }
     if (rc != 0 && g_world > 1) {
         fflush(stdout);
         fflush(stderr);
@@ -545,3 +602,24 @@ int mf_dist_set_group(int n) {
 }
 
 int mf_dist_group(void) { return g_gc.size; }
+
+int mf_dist_stop_agree(int *sig) {
+    int mine = *sig ? *sig : g_stop_sig;
+    *sig = mine;
+    if (!g_active || g_world == 1) return 0;
+    if (join_prefetch()) return -1;
+    int all = 0;
+    MPI_Request req;
+    int rc = MPI_Iallreduce(&mine, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "stop flag");
+    if (wait_req(&req, 1, "stop flag")) return -1;
+    *sig = all;
+    if (all) {
+        g_stop_agreed = 1;
+        /* agreed: the ranks stop together, so no peer is dead; what is left
+         * (checkpoint, report, MPI_Finalize) runs until the launcher's SIGKILL */
+        struct itimerval off = {{0, 0}, {0, 0}};
+        setitimer(ITIMER_REAL, &off, NULL);
+    }
+    return 0;
+}
