@@ -87,6 +87,9 @@ int mf_dist_gather_wait(void);
  * or by the caller's next collective. x, acc and scratch must stay
  * untouched until then. */
 int mf_dist_reduce_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n);
+/* acc == NULL: the reduced shard stays in x (ZeRO 1's overlap). The same
+ * for an all-reduce of x[0..k) in place (ZeRO 0's overlap). */
+int mf_dist_allreduce_start(float *const *x, const int64_t *n, int k, float *scratch, int64_t scratch_n);
 /* Seconds so far in collectives the main thread ran itself (sync), in
  * background collectives (bg), and that the main thread waited for
  * background ones to finish (wait): bg - wait of the communication was

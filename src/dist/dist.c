@@ -478,6 +478,7 @@ void mf_dist_comm_times(double *sync_s, double *bg_s, double *wait_s) {
 
 static float *g_gacc[GATHER_MAX], *g_gscr;
 static int64_t g_gscrn;
+static int g_gallreduce;  /* the job all-reduces (ZeRO 0's overlap) */
 
 static void *gather_thread(void *arg) {
     (void)arg;
@@ -485,11 +486,16 @@ static void *gather_thread(void *arg) {
     t_in_job = 1;
     double t0 = mf_time_now();
     for (int i = 0; i < g_ng && !g_grc; i++) {
+        if (g_gallreduce) {
+            if (mf_dist_allreduce(g_gx[i], g_gn[i], g_gscr, g_gscrn)) g_grc = -1;
+            continue;
+        }
         if (!g_gscr) {
             if (mf_dist_allgather(g_gx[i], g_gn[i])) g_grc = -1;
             continue;
         }
         if (mf_dist_reduce_scatter(g_gx[i], g_gn[i], g_gscr, g_gscrn)) { g_grc = -1; break; }
+        if (!g_gacc[i]) continue;  /* ZeRO 1: the shard stays in place */
         int64_t lo, hi;
         mf_dist_shard(g_gn[i], g_gc.size, g_gc.rank, &lo, &hi);
         for (int64_t k = 0; k < hi - lo; k++) g_gacc[i][k] += g_gx[i][lo + k];
@@ -511,9 +517,11 @@ int mf_dist_gather_wait(void) {
     return rc;
 }
 
-static int job_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n) {
+static int job_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n,
+                     int allreduce) {
     if (g_world == 1) return 0;
     if (mf_dist_gather_wait()) return -1;
+    g_gallreduce = allreduce;
     if (k > GATHER_MAX) return mf_fail("rank %d: %d tensors in one background collective (at most %d)", g_rank, k, GATHER_MAX);
     for (int i = 0; i < k; i++) g_gx[i] = x[i], g_gn[i] = n[i], g_gacc[i] = acc ? acc[i] : NULL;
     g_gscr = scratch;
@@ -532,10 +540,14 @@ static int job_start(float *const *x, const int64_t *n, float *const *acc, int k
     return g_grc;
 }
 
-int mf_dist_gather_start(float *const *x, const int64_t *n, int k) { return job_start(x, n, NULL, k, NULL, 0); }
+int mf_dist_gather_start(float *const *x, const int64_t *n, int k) { return job_start(x, n, NULL, k, NULL, 0, 0); }
 
 int mf_dist_reduce_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n) {
-    return job_start(x, n, acc, k, scratch, scratch_n);
+    return job_start(x, n, acc, k, scratch, scratch_n, 0);
+}
+
+int mf_dist_allreduce_start(float *const *x, const int64_t *n, int k, float *scratch, int64_t scratch_n) {
+    return job_start(x, n, NULL, k, scratch, scratch_n, 1);
 }
 
 static int sum_doubles(const comm_t *cm, double *x, int n);

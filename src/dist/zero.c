@@ -69,19 +69,30 @@ int mf_zero_plan(mf_plan *plan, const mf_model *mc) {
     mf_model *m = (mf_model *)mc;
     m->comm = -1;
     if (m->mode != MF_MODE_TRAIN || m->opt.world <= 1) return 0;
-    /* stages 0 and 1 reduce in the optimizer phase, stage 2 from the head's
-     * backward (ln_f's gradient) to the embedding's; an untied head's
-     * gradient is complete with the loss, in the head's forward phase */
-    int first = m->opt.zero >= 2 ? (m->t_head >= 0 ? mf_phase_head_fwd(m) : mf_phase_head_bwd(m)) : mf_phase_optim(m);
+    /* stages 0 and 1 reduce in the optimizer phase, stage 2 (and 0-1 with
+     * the overlap) from the head's backward (ln_f's gradient) to the
+     * embedding's; an untied head's gradient is complete with the loss, in
+     * the head's forward phase; 0-1 with the overlap finish in the optimizer
+     * phase */
+    int bwd = m->opt.zero >= 2 || m->overlap;
+    int first = bwd ? (m->t_head >= 0 ? mf_phase_head_fwd(m) : mf_phase_head_bwd(m)) : mf_phase_optim(m);
     int last = m->opt.zero >= 2 ? mf_phase_emb_bwd(m) : mf_phase_optim(m);
     int64_t shape[1] = {mf_zero_ring_numel(m)};
     m->comm = mf_plan_add(plan, "comm.bucket", MF_CAT_COMM, MF_DTYPE_F32, 1, shape, first, last, -1);
     return m->comm < 0 ? -1 : 0;
 }
 
+/* ZeRO 0-1's overlap: tensors whose reduction was started in this step's
+ * backward (all of them, when the model called grads_ready for each) */
+static int g_ov_done;
+
 int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
     if (m->opt.world > 1 && mf_dist_gather_wait()) return -1;
     if (m->opt.world <= 1 || m->opt.zero >= 2) return 0;
+    int done = g_ov_done;
+    g_ov_done = 0;
+    if (done == m->n_tensors) return 0;
+    if (done) return mf_fail("rank %d: the backward reduced %d of %d gradients", mf_dist_rank(), done, m->n_tensors);
     float *ring = mf_arena_get(a, m->comm);
     int64_t rn = mf_zero_ring_numel(m);
     for (int i = 0; i < m->n_tensors; i++) {
@@ -96,6 +107,19 @@ int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
 int mf_zero_grads_ready(mf_model *m, mf_arena *a, int first, int n) {
     float *ring = mf_arena_get(a, m->comm);
     int64_t rn = mf_zero_ring_numel(m);
+    if (m->overlap && m->opt.zero < 2) {
+        /* ZeRO 0-1, the step's last micro-batch: these gradients are
+         * complete; all-reduce (0) or reduce-scatter them in place (1) in
+         * the background while the backward of the block before runs. The
+         * same calls on the same buffers as mf_zero_sync_grads makes, so the
+         * same sums bit for bit; the rows live through the step anyway */
+        float *x[MF_LAYER_TENSORS];
+        int64_t numel[MF_LAYER_TENSORS];
+        if (n > MF_LAYER_TENSORS) return mf_fail("%d tensors in one gradient reduction (a block has %d)", n, MF_LAYER_TENSORS);
+        for (int i = 0; i < n; i++) x[i] = mf_arena_get(a, m->tensors[first + i].g), numel[i] = m->tensors[first + i].numel;
+        g_ov_done += n;
+        return m->opt.zero == 0 ? mf_dist_allreduce_start(x, numel, n, ring, rn) : mf_dist_reduce_start(x, numel, NULL, n, ring, rn);
+    }
     if (m->overlap && a->phase != mf_phase_emb_bwd(m)) {
         /* DDP-style overlap: this block's gradients are reduced by a
          * background thread while the next phase (the block before it)

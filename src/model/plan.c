@@ -448,7 +448,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     const char *pf = getenv("MEMFIT_ZERO_PREFETCH");
     m->prefetch = !(pf && strcmp(pf, "0") == 0);
     const char *ov = getenv("MEMFIT_ZERO_OVERLAP");
-    m->overlap = m->opt.zero == 2 && m->opt.world > 1 && !m->opt.in_backward && !(ov && strcmp(ov, "0") == 0);
+    m->overlap = m->opt.zero <= 2 && m->opt.world > 1 && !m->opt.in_backward && !(ov && strcmp(ov, "0") == 0);
     m->cdt = mode == MF_MODE_TRAIN ? m->opt.compute : MF_DTYPE_F32;  /* forward-only plans are fp32 */
     m->in16 = m->dout16 = m->dlogits16 = m->gemm_scratch = m->upd32 = -1;
     if (m->cdt != MF_DTYPE_F32 && m->opt.zero >= 1 && m->opt.world > 1)
