@@ -76,6 +76,20 @@ PY
 }
 for z in 1 2 3; do runN 2 "np2-zero$z-g1" --zero $z --zero_group 1 && check "np2-zero$z-g1" 2 1 $z; done
 for z in 2 3; do runN 4 "np4-zero$z-g2" --zero $z --zero_group 2 && check "np4-zero$z-g2" 4 2 $z; done
+# checkpoints: np 4 zero_group 2 stopped after 3 steps resumes to the losses
+# of an uninterrupted 5-step run bit for bit (constant lr); memfit convert
+# refuses the hybrid shards (each group repeats them) with one line
+ck=(--zero 2 --zero_group 2 --warmup 0 --min_lr_frac 1 --val_every 0)
+"${MPIRUN[@]}" -np 4 "$M" train "${base[@]}" "${ck[@]}" --steps 3 --out_dir "$W/ck" > "$W/ck1.log" 2>&1 \
+  && "${MPIRUN[@]}" -np 4 "$M" train "${base[@]}" "${ck[@]}" --steps 5 --out_dir "$W/ck" --resume auto --metrics "$W/ck2.jsonl" > "$W/ck2.log" 2>&1 \
+  && "${MPIRUN[@]}" -np 4 "$M" train "${base[@]}" "${ck[@]}" --steps 5 --metrics "$W/ck3.jsonl" > "$W/ck3.log" 2>&1 \
+  && cmp <(grep -o '"loss":[^,]*' "$W/ck2.jsonl") <(grep -o '"loss":[^,]*' "$W/ck3.jsonl" | tail -2) >/dev/null \
+  && echo "ok   np 4 zero_group 2: resume after 3 steps gives steps 4-5 of an uninterrupted run bit for bit" \
+  || { echo "FAIL np 4 zero_group 2 resume"; tail -3 "$W"/ck*.log; fail=1; }
+"$M" convert "$W/ck/checkpoint.safetensors" "$W/joined.safetensors" > "$W/conv.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "hybrid-sharded checkpoint (zero_group 2 of 4 ranks)" "$W/conv.log" && [ ! -e "$W/joined.safetensors" ] \
+  && echo "ok   convert refuses hybrid shards (exit $rc)" || { echo "FAIL convert of hybrid shards"; cat "$W/conv.log"; fail=1; }
 # a group that does not divide the ranks: one line, non-zero exit, on train and estimate
 "${MPIRUN[@]}" -np 2 "$M" train "${base[@]}" --zero 2 --zero_group 3 --out_dir "$W/bad" > "$W/bad.log" 2>&1
 rc=$?
