@@ -79,6 +79,7 @@ typedef struct {
     int log_every;
     int zero;                 /* ZeRO stage over the data-parallel ranks (dist/) */
     int world_size;           /* ranks the plan is for (memfit estimate; train takes mpirun's) */
+    int zero_group;           /* ZeRO hybrid shard: ranks per shard group (0 = all ranks, one group) */
     double dist_timeout;      /* seconds a collective waits for a peer (0 = forever) */
     double net_gbps;          /* memfit plan: bandwidth per rank (Gbit/s) for the communication time (0 = none) */
     int progress;             /* -1 auto (terminal), 0 off, 1 on */

@@ -42,6 +42,15 @@ int mf_dist_rank(void);   /* 0 without a launcher */
  * collective. Returns rc. Without MPI it only returns rc. */
 int mf_dist_finish(int rc);
 
+/* At a step boundary, every rank calls it: *sig is this rank's stop signal
+ * (0 = none; a SIGTERM or SIGINT that reached the rank under a launcher
+ * counts too); on return it is the largest over the ranks, so every rank
+ * stops after the same step. Under mpirun a SIGTERM that does not lead to
+ * this agreement within 80% of odls_base_sigkill_timeout (1 s by default;
+ * raise it with --mca odls_base_sigkill_timeout S for long steps) stops the
+ * rank with "stopped by the MPI launcher". */
+int mf_dist_stop_agree(int *sig);
+
 /* Seconds a collective may wait for a peer before it fails (0 = forever;
  * default 300): the config key dist_timeout. */
 void mf_dist_set_timeout(double seconds);
@@ -78,6 +87,9 @@ int mf_dist_gather_wait(void);
  * or by the caller's next collective. x, acc and scratch must stay
  * untouched until then. */
 int mf_dist_reduce_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n);
+/* acc == NULL: the reduced shard stays in x (ZeRO 1's overlap). The same
+ * for an all-reduce of x[0..k) in place (ZeRO 0's overlap). */
+int mf_dist_allreduce_start(float *const *x, const int64_t *n, int k, float *scratch, int64_t scratch_n);
 /* Seconds so far in collectives the main thread ran itself (sync), in
  * background collectives (bg), and that the main thread waited for
  * background ones to finish (wait): bg - wait of the communication was
@@ -93,6 +105,20 @@ double mf_dist_comm_bytes(void);
 int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n);
 /* Sums n doubles over the ranks, in place (small: loss, norms). */
 int mf_dist_sum_doubles(double *x, int n);
+/* The same over this rank's shard group only (the ranks that together hold
+ * every shard once; the world without zero_group). */
+int mf_dist_sum_doubles_group(double *x, int n);
+
+/* Hybrid sharding (FSDP's hybrid shard; config zero_group): groups of n
+ * consecutive ranks each shard the state, and the groups replicate one
+ * another. Splits the communicators (collective: every rank calls it once,
+ * at the trainer's start); n == 0 or n == world keeps one group. Refuses an
+ * n that does not divide the world. From then on mf_dist_reduce_scatter
+ * reduce-scatters inside the group and all-reduces the shard across the
+ * groups, and mf_dist_allgather gathers inside the group. */
+int mf_dist_set_group(int n);
+/* Ranks in this rank's shard group (the world without zero_group). */
+int mf_dist_group(void);
 
 /* ---- ZeRO ------------------------------------------------------------- */
 
@@ -104,6 +130,16 @@ int mf_zero_check(const mf_config *cfg, int world);
  * planned with m->opt.zero/world/rank: the reduce-scatter's bucket scratch (comm.bucket),
  * alive only while collectives run. None on one rank. */
 int mf_zero_plan(mf_plan *plan, const mf_model *m);
+/* Ranks one tensor is sharded over: zero_group, or the world when 0. */
+int mf_zero_shards(const mf_optim *o);
+/* Bytes each rank's collectives move per optimizer step for psi fp32
+ * parameters at stage zero on world ranks in shard groups of `group`
+ * (0 = world), with bandwidth-optimal collectives ((W-1)/W of a buffer per
+ * reduce-scatter or all-gather, twice that per all-reduce): the ZeRO
+ * paper's 2 Psi (stages 0-2) and 3 Psi (stage 3), section 7; with hybrid
+ * groups of N among G = W/N, the reduce-scatter and gathers move (N-1)/N
+ * and the shard's all-reduce across the groups 2 (G-1)/G of Psi/N. */
+double mf_zero_comm_volume(int zero, int world, int group, double psi);
 /* Elements of the bucket scratch (the comm.bucket row). */
 int64_t mf_zero_ring_numel(const mf_model *m);
 

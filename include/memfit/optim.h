@@ -157,6 +157,8 @@ typedef struct {
     int half_state;                /* pure_bf16: AdamW's m and v of 16-bit weights are bf16 (mf_optim_half) */
     int zero, world, rank;         /* ZeRO stage and this rank (set by the trainer, dist/): with zero >= 1 on
                                     * world > 1 ranks the state covers this rank's shard of each tensor */
+    int group;                     /* ranks one tensor is sharded over (zero_group; world when 0): the shard
+                                    * is mf_dist_shard(numel, group, rank % group) */
 } mf_optim;
 
 /* Reads optimizer, optim_block, beta1/beta2/eps, momentum, relative_step,

@@ -387,9 +387,9 @@ static int cmd_train(int argc, char **argv, int profile) {
      * last 1024, in a fixed array (nothing allocated per step) */
     static double step_s[1024];
     int n_step_s = 0, first_step = t.step + 1, stopped = 0;
-    /* one process only: under mpirun the launcher owns SIGTERM (dist.c
-     * reports a rank stopped because another died) and ranks would have to
-     * agree on the step to stop after */
+    /* one process only: under mpirun dist.c handles the launcher's SIGTERM
+     * (a signalled job, or a rank that died) and the ranks agree on the step
+     * to stop after (mf_dist_stop_agree, below) */
     if (!profile && mf_dist_world() == 1) stop_signals_install();
     while (t.step < cfg.steps) {
         mf_step_stats st;
@@ -430,7 +430,10 @@ static int cmd_train(int argc, char **argv, int profile) {
             mf_observer_region(&obs, "checkpoint", "io", r0);
             if (bad) { rc = die(mf_error()); break; }
         }
-        if (!profile && !last && stop_signal) {
+        /* under mpirun the ranks agree on stopping after this step (dist.c) */
+        int stop = stop_signal;
+        if (!profile && mf_dist_stop_agree(&stop)) { rc = die(mf_error()); break; }
+        if (!profile && !last && stop) {
             /* the step is done: keep it, and stop cleanly */
             stopped = 1;
             if (progress) printf("\n");
@@ -443,10 +446,10 @@ static int cmd_train(int argc, char **argv, int profile) {
             if (bad) rc = die(mf_error());
             else if (cfg.out_dir[0])
                 printf("stopped by %s after step %d; checkpoint %s written (continue with --resume auto --out_dir %s)\n",
-                       stop_signal == SIGINT ? "SIGINT" : "SIGTERM", t.step, ckpt, cfg.out_dir);
+                       stop == SIGINT ? "SIGINT" : "SIGTERM", t.step, ckpt, cfg.out_dir);
             else
                 printf("stopped by %s after step %d; no --out_dir, so no checkpoint was written\n",
-                       stop_signal == SIGINT ? "SIGINT" : "SIGTERM", t.step);
+                       stop == SIGINT ? "SIGINT" : "SIGTERM", t.step);
             break;
         }
     }

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 static int g_init, g_active, g_world = 1, g_rank = 0, g_thread_ok;
@@ -31,6 +33,16 @@ static _Thread_local int t_in_job;  /* set in the background thread */
 static double g_t_sync, g_t_bg, g_t_wait, g_comm_bytes;
 
 static int use_ring(void);
+static int wait_req(MPI_Request *req, int nreq, const char *what);
+
+/* A communicator and this rank's place in it. Without hybrid sharding
+ * the group is the world and there is no cross communicator; with
+ * zero_group N (mf_dist_set_group) a group is N consecutive ranks (rank / N)
+ * and the cross communicator joins the ranks that hold the same shard in
+ * every group (rank % N). */
+typedef struct { MPI_Comm comm; int size, rank; } comm_t;
+static comm_t g_wc = {MPI_COMM_NULL, 1, 0}, g_gc = {MPI_COMM_NULL, 1, 0}, g_xc = {MPI_COMM_NULL, 1, 0};
+static int g_hybrid;
 
 static int launched(void) {
     /* Open MPI's mpirun, PMIx and Hydra/Slurm PMI set these */
@@ -47,12 +59,53 @@ static int mpi_fail(int rc, const char *what) {
     return mf_fail("rank %d: %s failed: %s (another rank probably died or cannot be reached)", g_rank, what, msg);
 }
 
-/* mpirun stops the surviving ranks with SIGTERM when one dies: say so */
-static void on_term(int sig) {
-    static const char msg[] = "memfit: error: stopped by the MPI launcher (another rank failed or was killed)\n";
+/* SIGTERM reaches a rank from mpirun both when the job is signalled
+ * (mpirun turns SIGINT and SIGTERM into SIGTERM to every rank, then SIGKILL
+ * odls_base_sigkill_timeout seconds later) and when another rank died. The
+ * first asks the ranks to stop after the step in progress: at each step
+ * boundary they agree on it (mf_dist_stop_agree), rank 0 checkpoints and
+ * all exit 0. A rank whose peer died never reaches that agreement: a timer
+ * started with the signal (80% of the launcher's grace, before its SIGKILL)
+ * then stops it with the launcher message, as does a second signal. */
+static volatile sig_atomic_t g_stop_sig;
+static int g_stop_agreed;  /* the ranks agreed to stop on a signal */
+static struct itimerval g_grace;
+
+static void launcher_exit(int sig) {
+    static const char msg[] = "memfit: error: stopped by the MPI launcher (another rank failed or was killed, or the "
+                              "job was signalled and this rank could not finish its step in odls_base_sigkill_timeout)\n";
     ssize_t r = write(2, msg, sizeof msg - 1);
     (void)r;
     _exit(128 + sig);
+}
+
+static void on_grace(int sig) { (void)sig; launcher_exit(SIGTERM); }
+
+static void on_term(int sig) {
+    if (g_stop_sig) launcher_exit(sig);
+    g_stop_sig = sig;
+    setitimer(ITIMER_REAL, &g_grace, NULL);
+}
+
+static void stop_install(void) {
+    const char *e = getenv("OMPI_MCA_odls_base_sigkill_timeout");
+    double grace = 0.8 * (e && atof(e) > 0 ? atof(e) : 1.0);
+    g_grace.it_value.tv_sec = (time_t)grace;
+    g_grace.it_value.tv_usec = (suseconds_t)((grace - (double)(time_t)grace) * 1e6);
+    /* on a stack of its own, as the single-process handler (cli/main.c):
+     * a frame pushed on the interrupted stack can corrupt oneDNN's sgemm */
+    static char alt[1 << 16];
+    stack_t ss = {.ss_sp = alt, .ss_size = sizeof alt, .ss_flags = 0};
+    int onstack = sigaltstack(&ss, NULL) == 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | (onstack ? SA_ONSTACK : 0);
+    sa.sa_handler = on_term;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sa.sa_handler = on_grace;
+    sigaction(SIGALRM, &sa, NULL);
 }
 
 static int64_t g_bucket = MF_DIST_BUCKET;
@@ -98,7 +151,8 @@ int mf_dist_init(void) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    signal(SIGTERM, on_term);
+    g_wc = g_gc = (comm_t){MPI_COMM_WORLD, g_world, g_rank};
+    stop_install();
     if (g_rank > 0 && !freopen("/dev/null", "w", stdout)) return mf_fail("rank %d: cannot silence stdout", g_rank);
     /* one message to each neighbour now, so the transport's buffers exist
      * before the trainer reads its baseline RSS */
@@ -117,6 +171,19 @@ int mf_dist_finish(int rc) {
     if (!g_active) return rc;
     g_active = 0;
     if (rc == 0 && mf_dist_gather_wait()) rc = -1;
+    if (rc == 0 && g_stop_agreed) {
+        /* stopped on the launcher's SIGTERM: mpirun is tearing the job down,
+         * and MPI_Finalize's fence with it never completes (measured: the
+         * ranks sat in it until the SIGKILL); the work is saved, so leave,
+         * all at once: a rank that left first would make mpirun kill the
+         * others, perhaps in the middle of writing their checkpoint */
+        MPI_Request req;
+        if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS || wait_req(&req, 1, "barrier before exit")) rc = -1;
+        else {
+            fflush(NULL);
+            _exit(0);
+        }
+    }
     if (rc != 0 && g_world > 1) {
         fflush(stdout);
         fflush(stderr);
@@ -243,12 +310,12 @@ static int use_ring(void) {
     return g_ring;
 }
 
-static int mpi_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n) {
-    int W = g_world;
+static int mpi_reduce_scatter(const comm_t *cm, float *x, int64_t n, float *scratch, int64_t scratch_n) {
+    int W = cm->size;
     int64_t b = scratch_n / W, most = (n + W - 1) / W;
     if (b < 1) return mf_fail("rank %d: reduce-scatter scratch of %lld floats for %d ranks", g_rank, (long long)scratch_n, W);
     int64_t lo, hi;
-    mf_dist_shard(n, W, g_rank, &lo, &hi);
+    mf_dist_shard(n, W, cm->rank, &lo, &hi);
     for (int64_t o = 0; o < most; o += b) {
         int64_t bc = most - o < b ? most - o : b;
         for (int r = 0; r < W; r++) {
@@ -260,7 +327,7 @@ static int mpi_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scrat
             memset(scratch + r * bc + c, 0, (size_t)(bc - c) * sizeof *x);
         }
         MPI_Request req;
-        int rc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, scratch, (int)bc, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+        int rc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, scratch, (int)bc, MPI_FLOAT, MPI_SUM, cm->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(rc, "reduce-scatter");
         if (wait_req(&req, 1, "reduce-scatter")) return -1;
         int64_t c = hi - lo - o;
@@ -273,8 +340,8 @@ static int mpi_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scrat
 /* The same sum as W reductions (MPI_Ireduce), one to each shard's owner,
  * all in flight at once: no packing, each shard reduced in place at its
  * owner, messages of at most a bucket. The default reduce-scatter. */
-static int mpi_reduce_roots(float *x, int64_t n) {
-    int W = g_world;
+static int mpi_reduce_roots(const comm_t *cm, float *x, int64_t n) {
+    int W = cm->size;
     MPI_Request req[W];
     int64_t most = (n + W - 1) / W, b = g_bucket / W > 0 ? g_bucket / W : 1;
     for (int64_t o = 0; o < most; o += b) {
@@ -283,8 +350,8 @@ static int mpi_reduce_roots(float *x, int64_t n) {
             mf_dist_shard(n, W, r, &rl, &rh);
             int64_t c = rh - rl - o;
             c = c < 0 ? 0 : c > b ? b : c;
-            int rc = r == g_rank ? MPI_Ireduce(MPI_IN_PLACE, x + rl + o, (int)c, MPI_FLOAT, MPI_SUM, r, MPI_COMM_WORLD, &req[r])
-                                 : MPI_Ireduce(x + rl + o, NULL, (int)c, MPI_FLOAT, MPI_SUM, r, MPI_COMM_WORLD, &req[r]);
+            int rc = r == cm->rank ? MPI_Ireduce(MPI_IN_PLACE, x + rl + o, (int)c, MPI_FLOAT, MPI_SUM, r, cm->comm, &req[r])
+                                   : MPI_Ireduce(x + rl + o, NULL, (int)c, MPI_FLOAT, MPI_SUM, r, cm->comm, &req[r]);
             if (rc != MPI_SUCCESS) return mpi_fail(rc, "reduce-scatter");
         }
         if (wait_req(req, W, "reduce-scatter")) return -1;
@@ -292,8 +359,8 @@ static int mpi_reduce_roots(float *x, int64_t n) {
     return 0;
 }
 
-static int mpi_allgather(float *x, int64_t n) {
-    int W = g_world;
+static int mpi_allgather(const comm_t *cm, float *x, int64_t n) {
+    int W = cm->size;
     int cnt[W], disp[W];
     int64_t most = (n + W - 1) / W, b = g_bucket / W > 0 ? g_bucket / W : 1;
     for (int64_t o = 0; o < most; o += b) {
@@ -315,18 +382,18 @@ static int mpi_allgather(float *x, int64_t n) {
             return mf_fail("rank %d: all-gather of a %lld-element tensor over %d ranks: displacements exceed MPI's int",
                            g_rank, (long long)n, W);
         MPI_Request req;
-        int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x + base, cnt, disp, MPI_FLOAT, MPI_COMM_WORLD, &req);
+        int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x + base, cnt, disp, MPI_FLOAT, cm->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(rc, "all-gather");
         if (wait_req(&req, 1, "all-gather")) return -1;
     }
     return 0;
 }
 
-static int mpi_allreduce(float *x, int64_t n) {
+static int mpi_allreduce(const comm_t *cm, float *x, int64_t n) {
     for (int64_t o = 0; o < n; o += g_bucket) {
         int c = (int)(n - o < g_bucket ? n - o : g_bucket);
         MPI_Request req;
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, x + o, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, x + o, c, MPI_FLOAT, MPI_SUM, cm->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(rc, "all-reduce");
         if (wait_req(&req, 1, "all-reduce")) return -1;
     }
@@ -336,7 +403,7 @@ static int mpi_allreduce(float *x, int64_t n) {
 /* bytes this rank sends per collective with a bandwidth-optimal (ring)
  * algorithm: (W-1)/W of the buffer for a reduce-scatter or an all-gather,
  * twice that for an all-reduce (the volume the ZeRO paper counts) */
-static void count(int64_t n, int k) { g_comm_bytes += k * (double)n * sizeof(float) * (g_world - 1) / g_world; }
+static void count(const comm_t *cm, int64_t n, int k) { g_comm_bytes += k * (double)n * sizeof(float) * (cm->size - 1) / cm->size; }
 double mf_dist_comm_bytes(void) { return g_comm_bytes; }
 
 static int timed(int rc, double t0) {
@@ -347,31 +414,47 @@ static int timed(int rc, double t0) {
 int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n) {
     if (g_world == 1) return 0;
     if (join_prefetch()) return -1;
-    count(n, 1);
     double t0 = mf_time_now();
+    if (g_hybrid) {
+        /* hybrid shard: reduce-scatter inside the group, then all-reduce the
+         * shard across the groups (each group holds the same shards) */
+        count(&g_gc, n, 1);
+        int64_t lo, hi;
+        mf_dist_shard(n, g_gc.size, g_gc.rank, &lo, &hi);
+        count(&g_xc, hi - lo, 2);
+        const char *rs = getenv("MEMFIT_DIST_RS");
+        int rc = g_gc.size == 1 ? 0
+               : rs && strcmp(rs, "block") == 0 ? mpi_reduce_scatter(&g_gc, x, n, scratch, scratch_n)
+               : mpi_reduce_roots(&g_gc, x, n);
+        if (!rc) rc = mpi_allreduce(&g_xc, x + lo, hi - lo);
+        return timed(rc, t0);
+    }
+    count(&g_wc, n, 1);
     /* the W owner reductions measured faster than MPI_Ireduce_scatter_block
      * here (Open MPI 4.1's libnbc reduces the whole buffer to one rank and
      * scatters it): gpt2-10m zero 2, np 2, 0.97x vs 0.91x the ring's tok/s,
      * docs/memory.md; MEMFIT_DIST_RS=block picks the block form */
     const char *rs = getenv("MEMFIT_DIST_RS");
-    if (!use_ring() && !(rs && strcmp(rs, "block") == 0)) return timed(mpi_reduce_roots(x, n), t0);
-    return timed(use_ring() ? ring_reduce_scatter(x, n, scratch, scratch_n) : mpi_reduce_scatter(x, n, scratch, scratch_n), t0);
+    if (!use_ring() && !(rs && strcmp(rs, "block") == 0)) return timed(mpi_reduce_roots(&g_wc, x, n), t0);
+    return timed(use_ring() ? ring_reduce_scatter(x, n, scratch, scratch_n) : mpi_reduce_scatter(&g_wc, x, n, scratch, scratch_n), t0);
 }
 
 int mf_dist_allgather(float *x, int64_t n) {
     if (g_world == 1) return 0;
     if (join_prefetch()) return -1;
-    count(n, 1);
+    /* hybrid shard: the shards of a tensor are within the group */
+    if (g_gc.size == 1) return 0;
+    count(&g_gc, n, 1);
     double t0 = mf_time_now();
-    return timed(use_ring() ? ring_allgather(x, n) : mpi_allgather(x, n), t0);
+    return timed(use_ring() ? ring_allgather(x, n) : mpi_allgather(&g_gc, x, n), t0);
 }
 
 int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n) {
     if (g_world == 1) return 0;
     if (join_prefetch()) return -1;
-    count(n, 2);
+    count(&g_wc, n, 2);
     double t0 = mf_time_now();
-    if (!use_ring()) return timed(mpi_allreduce(x, n), t0);
+    if (!use_ring()) return timed(mpi_allreduce(&g_wc, x, n), t0);
     if (ring_reduce_scatter(x, n, scratch, scratch_n)) return -1;
     return timed(ring_allgather(x, n), t0);
 }
@@ -395,6 +478,7 @@ void mf_dist_comm_times(double *sync_s, double *bg_s, double *wait_s) {
 
 static float *g_gacc[GATHER_MAX], *g_gscr;
 static int64_t g_gscrn;
+static int g_gallreduce;  /* the job all-reduces (ZeRO 0's overlap) */
 
 static void *gather_thread(void *arg) {
     (void)arg;
@@ -402,13 +486,18 @@ static void *gather_thread(void *arg) {
     t_in_job = 1;
     double t0 = mf_time_now();
     for (int i = 0; i < g_ng && !g_grc; i++) {
+        if (g_gallreduce) {
+            if (mf_dist_allreduce(g_gx[i], g_gn[i], g_gscr, g_gscrn)) g_grc = -1;
+            continue;
+        }
         if (!g_gscr) {
             if (mf_dist_allgather(g_gx[i], g_gn[i])) g_grc = -1;
             continue;
         }
         if (mf_dist_reduce_scatter(g_gx[i], g_gn[i], g_gscr, g_gscrn)) { g_grc = -1; break; }
+        if (!g_gacc[i]) continue;  /* ZeRO 1: the shard stays in place */
         int64_t lo, hi;
-        mf_dist_shard(g_gn[i], g_world, g_rank, &lo, &hi);
+        mf_dist_shard(g_gn[i], g_gc.size, g_gc.rank, &lo, &hi);
         for (int64_t k = 0; k < hi - lo; k++) g_gacc[i][k] += g_gx[i][lo + k];
     }
     g_t_bg += mf_time_now() - t0;
@@ -428,9 +517,11 @@ int mf_dist_gather_wait(void) {
     return rc;
 }
 
-static int job_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n) {
+static int job_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n,
+                     int allreduce) {
     if (g_world == 1) return 0;
     if (mf_dist_gather_wait()) return -1;
+    g_gallreduce = allreduce;
     if (k > GATHER_MAX) return mf_fail("rank %d: %d tensors in one background collective (at most %d)", g_rank, k, GATHER_MAX);
     for (int i = 0; i < k; i++) g_gx[i] = x[i], g_gn[i] = n[i], g_gacc[i] = acc ? acc[i] : NULL;
     g_gscr = scratch;
@@ -449,39 +540,98 @@ static int job_start(float *const *x, const int64_t *n, float *const *acc, int k
     return g_grc;
 }
 
-int mf_dist_gather_start(float *const *x, const int64_t *n, int k) { return job_start(x, n, NULL, k, NULL, 0); }
+int mf_dist_gather_start(float *const *x, const int64_t *n, int k) { return job_start(x, n, NULL, k, NULL, 0, 0); }
 
 int mf_dist_reduce_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n) {
-    return job_start(x, n, acc, k, scratch, scratch_n);
+    return job_start(x, n, acc, k, scratch, scratch_n, 0);
 }
 
-int mf_dist_sum_doubles(double *x, int n) {
-    if (!g_active || g_world == 1) return 0;
+int mf_dist_allreduce_start(float *const *x, const int64_t *n, int k, float *scratch, int64_t scratch_n) {
+    return job_start(x, n, NULL, k, scratch, scratch_n, 1);
+}
+
+static int sum_doubles(const comm_t *cm, double *x, int n);
+
+int mf_dist_sum_doubles(double *x, int n) { return sum_doubles(&g_wc, x, n); }
+int mf_dist_sum_doubles_group(double *x, int n) { return sum_doubles(&g_gc, x, n); }
+
+static int sum_doubles(const comm_t *cm, double *x, int n) {
+    if (!g_active || cm->size == 1) return 0;
+    int W = cm->size, R = cm->rank;
     /* gathered and summed in rank order, so every rank gets bitwise the
      * same sum (a clip scale that differed in its last bit would let the
      * replicas drift apart) */
     static double all[4096];
-    if ((int64_t)n * g_world > (int64_t)(sizeof all / sizeof all[0]))
-        return mf_fail("sum of %d values over %d ranks exceeds the %zu-value buffer", n, g_world, sizeof all / sizeof all[0]);
-    memcpy(all + (size_t)g_rank * n, x, (size_t)n * sizeof *x);
+    if ((int64_t)n * W > (int64_t)(sizeof all / sizeof all[0]))
+        return mf_fail("sum of %d values over %d ranks exceeds the %zu-value buffer", n, W, sizeof all / sizeof all[0]);
+    memcpy(all + (size_t)R * n, x, (size_t)n * sizeof *x);
     if (join_prefetch()) return -1;
     if (use_ring()) {
-        for (int s = 0; s < g_world - 1; s++) {
-            int cs = mod(g_rank - s, g_world), cr = mod(g_rank - s - 1, g_world);
-            if (sendrecv(all + (size_t)cs * n, n, mod(g_rank + 1, g_world), all + (size_t)cr * n, n,
-                         mod(g_rank - 1, g_world), MPI_DOUBLE, 73, "sum of scalars"))
+        for (int s = 0; s < W - 1; s++) {
+            int cs = mod(R - s, W), cr = mod(R - s - 1, W);
+            if (sendrecv(all + (size_t)cs * n, n, mod(R + 1, W), all + (size_t)cr * n, n,
+                         mod(R - 1, W), MPI_DOUBLE, 73, "sum of scalars"))
                 return -1;
         }
     } else {
         MPI_Request req;
-        int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, n, MPI_DOUBLE, MPI_COMM_WORLD, &req);
+        int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, n, MPI_DOUBLE, cm->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(rc, "sum of scalars");
         if (wait_req(&req, 1, "sum of scalars")) return -1;
     }
     for (int i = 0; i < n; i++) {
         double s = 0;
-        for (int k = 0; k < g_world; k++) s += all[(size_t)k * n + i];
+        for (int k = 0; k < W; k++) s += all[(size_t)k * n + i];
         x[i] = s;
+    }
+    return 0;
+}
+
+int mf_dist_set_group(int n) {
+    if (!g_active || g_world == 1 || n == 0 || n == g_world) return 0;
+    if (n < 0 || n > g_world || g_world % n)
+        return mf_fail("zero_group %d does not divide the %d ranks (groups of zero_group consecutive ranks each hold "
+                       "every shard once)", n, g_world);
+    if (use_ring()) return mf_fail("zero_group %d: hybrid sharding runs on MPI's collectives; unset MEMFIT_DIST_RING", n);
+    if (g_hybrid) return 0;
+    if (join_prefetch()) return -1;
+    /* both splits are collective over the world: every rank calls this once,
+     * at the same point of the trainer's start */
+    MPI_Comm gc, xc;
+    int rc = MPI_Comm_split(MPI_COMM_WORLD, g_rank / n, g_rank, &gc);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Comm_split (shard group)");
+    rc = MPI_Comm_split(MPI_COMM_WORLD, g_rank % n, g_rank, &xc);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Comm_split (across groups)");
+    MPI_Comm_set_errhandler(gc, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(xc, MPI_ERRORS_RETURN);
+    g_gc.comm = gc, g_xc.comm = xc;
+    MPI_Comm_size(gc, &g_gc.size);
+    MPI_Comm_rank(gc, &g_gc.rank);
+    MPI_Comm_size(xc, &g_xc.size);
+    MPI_Comm_rank(xc, &g_xc.rank);
+    g_hybrid = 1;
+    return 0;
+}
+
+int mf_dist_group(void) { return g_gc.size; }
+
+int mf_dist_stop_agree(int *sig) {
+    int mine = *sig ? *sig : g_stop_sig;
+    *sig = mine;
+    if (!g_active || g_world == 1) return 0;
+    if (join_prefetch()) return -1;
+    int all = 0;
+    MPI_Request req;
+    int rc = MPI_Iallreduce(&mine, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "stop flag");
+    if (wait_req(&req, 1, "stop flag")) return -1;
+    *sig = all;
+    if (all) {
+        g_stop_agreed = 1;
+        /* agreed: the ranks stop together, so no peer is dead; what is left
+         * (checkpoint, report, MPI_Finalize) runs until the launcher's SIGKILL */
+        struct itimerval off = {{0, 0}, {0, 0}};
+        setitimer(ITIMER_REAL, &off, NULL);
     }
     return 0;
 }

@@ -8,6 +8,7 @@
  *   stage 1: 4 Psi + 4 Psi + 8 Psi / N
  *   stage 2: 4 Psi + (4 + 8) Psi / N   (+ one layer's full gradients in backward)
  *   stage 3: (4 + 4 + 8) Psi / N       (+ the parameters of the layer that runs)
+ * with N the shard count: the ranks, or zero_group under hybrid sharding.
  * The state rows are planned on the shard by the model (mf_optim.zero), the
  * gradient shards too; this file adds the collectives' bucket scratch and runs the
  * collectives at the points the trainer calls it. */
@@ -16,7 +17,23 @@
 
 #include <string.h>
 
+int mf_zero_shards(const mf_optim *o) { return o->group > 0 ? o->group : o->world > 1 ? o->world : 1; }
+
+double mf_zero_comm_volume(int zero, int world, int group, double psi) {
+    if (world <= 1) return 0;
+    double b = psi * sizeof(float), W = world;
+    if (zero == 0) return 2 * b * (W - 1) / W;  /* one all-reduce over the world */
+    double N = group > 0 ? group : world, G = W / N;
+    /* reduce-scatter in the group, the shard's all-reduce across groups,
+     * then the parameters' all-gather(s) in the group: once after the
+     * update (stages 1-2) or in forward and again in backward (stage 3) */
+    return b * (N - 1) / N + 2 * (b / N) * (G - 1) / G + (zero >= 3 ? 2 : 1) * b * (N - 1) / N;
+}
+
 int mf_zero_check(const mf_config *cfg, int world) {
+    if (cfg->zero_group && (world % cfg->zero_group || cfg->zero_group > world))
+        return mf_fail("zero_group %d does not divide the %d ranks (groups of zero_group consecutive ranks each hold "
+                       "every shard once)", cfg->zero_group, world);
     if (world <= 1) return 0;
     if (cfg->zero == 3 && strcmp(cfg->recompute, "none") != 0 && strcmp(cfg->recompute, "selective") != 0)
         return mf_fail("zero 3 gathers each layer's parameters for its own phases; recompute '%s' rebuilds blocks in "
@@ -39,7 +56,7 @@ static int sharded(const mf_model *m) { return m->opt.zero >= 1 && m->opt.world 
 int64_t mf_zero_ring_numel(const mf_model *m) {
     /* the reduce-scatter's packed bucket: one block per rank of at most the
      * largest shard, all of them within one message (MF_DIST_BUCKET) */
-    int W = m->opt.world > 1 ? m->opt.world : 1;
+    int W = mf_zero_shards(&m->opt);
     int64_t most = 1, cap = MF_DIST_BUCKET / W > 0 ? MF_DIST_BUCKET / W : 1;
     for (int i = 0; i < m->n_tensors; i++) {
         int64_t s = (m->tensors[i].numel + W - 1) / W;
@@ -52,19 +69,30 @@ int mf_zero_plan(mf_plan *plan, const mf_model *mc) {
     mf_model *m = (mf_model *)mc;
     m->comm = -1;
     if (m->mode != MF_MODE_TRAIN || m->opt.world <= 1) return 0;
-    /* stages 0 and 1 reduce in the optimizer phase, stage 2 from the head's
-     * backward (ln_f's gradient) to the embedding's; an untied head's
-     * gradient is complete with the loss, in the head's forward phase */
-    int first = m->opt.zero >= 2 ? (m->t_head >= 0 ? mf_phase_head_fwd(m) : mf_phase_head_bwd(m)) : mf_phase_optim(m);
+    /* stages 0 and 1 reduce in the optimizer phase, stage 2 (and 0-1 with
+     * the overlap) from the head's backward (ln_f's gradient) to the
+     * embedding's; an untied head's gradient is complete with the loss, in
+     * the head's forward phase; 0-1 with the overlap finish in the optimizer
+     * phase */
+    int bwd = m->opt.zero >= 2 || m->overlap;
+    int first = bwd ? (m->t_head >= 0 ? mf_phase_head_fwd(m) : mf_phase_head_bwd(m)) : mf_phase_optim(m);
     int last = m->opt.zero >= 2 ? mf_phase_emb_bwd(m) : mf_phase_optim(m);
     int64_t shape[1] = {mf_zero_ring_numel(m)};
     m->comm = mf_plan_add(plan, "comm.bucket", MF_CAT_COMM, MF_DTYPE_F32, 1, shape, first, last, -1);
     return m->comm < 0 ? -1 : 0;
 }
 
+/* ZeRO 0-1's overlap: tensors whose reduction was started in this step's
+ * backward (all of them, when the model called grads_ready for each) */
+static int g_ov_done;
+
 int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
     if (m->opt.world > 1 && mf_dist_gather_wait()) return -1;
     if (m->opt.world <= 1 || m->opt.zero >= 2) return 0;
+    int done = g_ov_done;
+    g_ov_done = 0;
+    if (done == m->n_tensors) return 0;
+    if (done) return mf_fail("rank %d: the backward reduced %d of %d gradients", mf_dist_rank(), done, m->n_tensors);
     float *ring = mf_arena_get(a, m->comm);
     int64_t rn = mf_zero_ring_numel(m);
     for (int i = 0; i < m->n_tensors; i++) {
@@ -79,6 +107,19 @@ int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
 int mf_zero_grads_ready(mf_model *m, mf_arena *a, int first, int n) {
     float *ring = mf_arena_get(a, m->comm);
     int64_t rn = mf_zero_ring_numel(m);
+    if (m->overlap && m->opt.zero < 2) {
+        /* ZeRO 0-1, the step's last micro-batch: these gradients are
+         * complete; all-reduce (0) or reduce-scatter them in place (1) in
+         * the background while the backward of the block before runs. The
+         * same calls on the same buffers as mf_zero_sync_grads makes, so the
+         * same sums bit for bit; the rows live through the step anyway */
+        float *x[MF_LAYER_TENSORS];
+        int64_t numel[MF_LAYER_TENSORS];
+        if (n > MF_LAYER_TENSORS) return mf_fail("%d tensors in one gradient reduction (a block has %d)", n, MF_LAYER_TENSORS);
+        for (int i = 0; i < n; i++) x[i] = mf_arena_get(a, m->tensors[first + i].g), numel[i] = m->tensors[first + i].numel;
+        g_ov_done += n;
+        return m->opt.zero == 0 ? mf_dist_allreduce_start(x, numel, n, ring, rn) : mf_dist_reduce_start(x, numel, NULL, n, ring, rn);
+    }
     if (m->overlap && a->phase != mf_phase_emb_bwd(m)) {
         /* DDP-style overlap: this block's gradients are reduced by a
          * background thread while the next phase (the block before it)
@@ -113,7 +154,7 @@ int mf_zero_grad_sumsq(mf_model *m, mf_arena *a, double *out) {
         ss += mf_sumsq(g, (size_t)(x->hi - x->lo));
     }
     /* stage 0: every rank holds the whole summed gradient already */
-    if (sharded(m) && mf_dist_sum_doubles(&ss, 1)) return -1;
+    if (sharded(m) && mf_dist_sum_doubles_group(&ss, 1)) return -1;
     *out = ss;
     return 0;
 }

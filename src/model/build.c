@@ -17,7 +17,7 @@ static int plan_once(const mf_config *cfg, mf_mode mode, int nthreads, const mf_
     if (mf_zero_check(cfg, world)) return -1;
     mf_optim opt;
     if (mode == MF_MODE_TRAIN && mf_optim_init(&opt, cfg)) return -1;
-    if (mode == MF_MODE_TRAIN) opt.zero = cfg->zero, opt.world = world, opt.rank = mf_dist_rank();
+    if (mode == MF_MODE_TRAIN) opt.zero = cfg->zero, opt.world = world, opt.rank = mf_dist_rank(), opt.group = cfg->zero_group;
     mf_lora_cfg lora;
     if (mf_lora_parse(cfg->lora, &lora)) return -1;
     /* --adapter without --lora: the adapter's own config says r and targets */

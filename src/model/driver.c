@@ -142,7 +142,8 @@ static void grads_start(mf_model *m, mf_arena *a, int first, int n) {
     if (mf_model_grads_transient(m)) zero_g(m, a, first, n);
 }
 static void grads_done(mf_model *m, int first, int n) {
-    if (mf_model_grads_transient(m) && m->grads_ready) m->grads_ready(m->grads_ctx, first, n);
+    /* ZeRO 0-1's overlap: the last micro-batch's complete gradients too */
+    if ((mf_model_grads_transient(m) || (m->overlap && m->grads_final)) && m->grads_ready) m->grads_ready(m->grads_ctx, first, n);
 }
 
 /* ---- forward --------------------------------------------------------- */

@@ -138,7 +138,7 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     int shard = m->opt.zero >= 1 && m->opt.world > 1;
     if (shard) {
         /* ZeRO: the optimizer sees only this rank's slice of the elements */
-        mf_dist_shard(t->numel, m->opt.world, m->opt.rank, &t->lo, &t->hi);
+        mf_dist_shard(t->numel, mf_zero_shards(&m->opt), m->opt.rank % mf_zero_shards(&m->opt), &t->lo, &t->hi);
         t->os = (mf_optim_shape){1, t->hi - t->lo, 1, 0, 0};
     }
     int last = m->n_phases - 1;
@@ -549,7 +549,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     const char *pf = getenv("MEMFIT_ZERO_PREFETCH");
     m->prefetch = !(pf && strcmp(pf, "0") == 0);
     const char *ov = getenv("MEMFIT_ZERO_OVERLAP");
-    m->overlap = m->opt.zero == 2 && m->opt.world > 1 && !m->opt.in_backward && !(ov && strcmp(ov, "0") == 0);
+    m->overlap = m->opt.zero <= 2 && m->opt.world > 1 && !m->opt.in_backward && !(ov && strcmp(ov, "0") == 0);
     m->cdt = mode == MF_MODE_TRAIN ? m->opt.compute : MF_DTYPE_F32;  /* forward-only plans are fp32 */
     m->in16 = m->dout16 = m->dlogits16 = m->gemm_scratch = m->upd32 = -1;
     m->emb_rows = m->emb_index = m->emb_map = -1;

@@ -3,6 +3,7 @@
  * (rates.c), and the fastest that fits the budget is chosen. */
 #include "memfit/planner.h"
 #include "memfit/model.h"
+#include "memfit/dist.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -245,8 +246,7 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
                  * 3, with bandwidth-optimal reduce-scatter and all-gather
                  * each moving (W-1)/W of the buffer), in fp32 bytes;
                  * assumed not hidden behind compute (an upper bound) */
-                int W = m.opt.world;
-                ch.comm_bytes = (m.opt.zero >= 3 ? 3.0 : 2.0) * ch.optim_params * sizeof(float) * (W - 1) / W;
+                ch.comm_bytes = mf_zero_comm_volume(m.opt.zero, m.opt.world, m.opt.group, (double)ch.optim_params);
                 ch.comm_s = cfg->net_gbps > 0 ? ch.comm_bytes * 8 / (cfg->net_gbps * 1e9) : 0;
                 ch.pred_s += ch.comm_s;
             }

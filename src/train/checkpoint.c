@@ -658,6 +658,12 @@ int mf_checkpoint_consolidate(const char *path, const char *out_path) {
             const char *a = mf_st_meta(&f[0], keys[i]), *b = mf_st_meta(&f[r], keys[i]);
             if (!a || !b || strcmp(a, b) != 0) rc = mf_fail("%s: '%s' differs from rank 0's (%s vs %s)", p0, keys[i], b ? b : "none", a ? a : "none");
         }
+        /* hybrid sharding (dist/): the groups hold the same shards */
+        const char *c = r == 0 && !rc ? mf_st_meta(&f[0], "config") : NULL, *g = c ? strstr(c, "zero_group: ") : NULL;
+        if (g && atoi(g + 12) > 0 && atoi(g + 12) < world)
+            rc = mf_fail("%s: a hybrid-sharded checkpoint (zero_group %d of %d ranks): each group repeats the shards, "
+                         "which memfit convert cannot join yet; resume it under mpirun -np %d --zero_group %d",
+                         p0, atoi(g + 12), world, world, atoi(g + 12));
     }
     /* the tensors' shapes come from the model the dims describe */
     mf_dims d = {0};

@@ -378,7 +378,7 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
     if (mf_config_was_set(cfg, "world_size") && cfg->world_size != t->world)
         return mf_fail("world_size %d, but this process is one of %d ranks (train takes the ranks from mpirun -np)",
                        cfg->world_size, t->world);
-    if (mf_zero_check(cfg, t->world)) return -1;
+    if (mf_zero_check(cfg, t->world) || mf_dist_set_group(cfg->zero_group)) return -1;
     t->B = cfg->batch / t->world;
     t->T = cfg->seq ? cfg->seq : t->d.maxT;
     if (t->T > t->d.maxT) return mf_fail("seq %d exceeds the model's block_size %d", t->T, t->d.maxT);
@@ -595,7 +595,7 @@ static double grad_sumsq(mf_trainer *t, int first, int n) {
  * complete; a non-finite gradient stops further updates and fails the step */
 static void grads_ready(void *ctx, int first, int n) {
     mf_trainer *t = ctx;
-    if (!t->model.opt.in_backward) {  /* ZeRO 2: reduce-scatter as each layer's gradient completes */
+    if (!t->model.opt.in_backward) {  /* ZeRO 0-2: reduce as each layer's gradient completes */
         if (!t->uib_bad && mf_zero_grads_ready(&t->model, &t->arena, first, n)) t->uib_bad = 2;
         return;
     }
@@ -674,6 +674,7 @@ int mf_trainer_accumulate(mf_trainer *t, int rows, int T, float lscale, double *
         int rk = rows / micro + (k < rows % micro);  /* balanced: no micro-batch of a few rows */
         mf_arena_step(a);
         if (k == 0) mf_model_zero_grads(m, a);
+        m->grads_final = k == micro - 1;
         /* LoRA dropout's mask; a step split otherwise than in grad_accum
          * parts keys it by (step, micro-batch) */
         m->lora_micro = keyed ? (uint64_t)t->step << 20 | (uint64_t)k : (uint64_t)t->step * (uint64_t)accum + (uint64_t)k;
