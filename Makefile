@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 export MEMFIT_CACHE ?= $(HOME)/.cache/memfit
 
-.PHONY: all deps-build deps-test data demo sft-demo test bench fuzz clean
+.PHONY: all deps-build deps-test data demo sft-demo test bench bench-all fuzz install clean
 
 all: build/memfit
 
@@ -44,6 +44,12 @@ fuzz: build/memfit
 
 bench: build/memfit data
 	@bash bench/compare_torch.sh
+
+# make install PREFIX=DIR: bin/memfit, lib/libmemfit.a, lib/libmemfit.so.N,
+# include/memfit/, lib/pkgconfig/memfit.pc, bash completion (docs/library.md)
+PREFIX ?= /usr/local
+install: build/memfit
+	@cmake --install build --prefix "$(PREFIX)"
 
 clean:
 	rm -rf build build-asan build-fuzz
