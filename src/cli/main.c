@@ -14,6 +14,7 @@
 #include "convert.h"
 #include "eval_chat.h"
 #include "merge.h"
+#include "help.h"
 #include "report.h"
 
 #include <errno.h>
@@ -812,20 +813,7 @@ static int cmd_tokenize(int argc, char **argv) {
     return rc;
 }
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: memfit <command> [options]\n\n"
-               "commands:\n"
-               "  train      train a model inside its memory plan (memfit train --help lists every key)\n"
-               "  profile    run a few steps and print time, FLOPs and memory per layer, with suggestions\n"
-               "  estimate   print the memory plan by category and layer (--json for scripts)\n"
-               "  plan       search the settings for the fastest that fits --budget (Pareto table, --json)\n"
-               "  sample     generate text from weights\n"
-               "  eval       validation loss of weights\n"
-               "  eval-chat  greedy answers to chat data (--data FILE.jsonl): exact match and unit error rate\n"
-               "  tokenize   text to a token file; --encode TEXT (or stdin) to ids, --decode IDS to text\n"
-               "  convert    join the per-rank shards of a ZeRO checkpoint into one file\n"
-               "  merge      fold a LoRA adapter into a model file's weights (--unmerge takes it out)\n");
-}
+static void usage(FILE *f) { mf_cli_usage(f); }
 
 /* Under AddressSanitizer freed memory waits in a quarantine (256 MiB by
  * default) before the allocator reuses it; freed GEMM scratch then stays
@@ -860,7 +848,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
     if (strcmp(cmd, "convert") == 0) return mf_cli_convert(argc - 2, argv + 2);
     if (strcmp(cmd, "merge") == 0) return mf_cli_merge(argc - 2, argv + 2);
-    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) { usage(stdout); return 0; }
+    if (strcmp(cmd, "help") == 0) return mf_cli_help(argc - 2, argv + 2);
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) { usage(stdout); return 0; }
     fprintf(stderr, "memfit: error: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

@@ -376,6 +376,15 @@ void mf_config_print_help(FILE *f) {
     fprintf(f, "Sizes take units: 512MiB, 2GiB, 1.5GB.\n");
 }
 
+int mf_config_key_info(int i, const char **key, const char **type, const char **def, const char **help) {
+    if (i < 0 || i >= NKEYS) return 0;
+    *key = keys[i].key;
+    *type = type_name(keys[i].type);
+    *def = keys[i].def;
+    *help = keys[i].help;
+    return 1;
+}
+
 int mf_config_to_yaml(const mf_config *c, char *buf, size_t n) {
     size_t len = 0;
     for (int i = 0; i < NKEYS; i++) {
