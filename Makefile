@@ -45,6 +45,11 @@ fuzz: build/memfit
 bench: build/memfit data
 	@bash bench/compare_torch.sh
 
+# every benchmark docs/benchmarks.md quotes, one after another; outputs with
+# date, commit, machine and load under bench-results/ (bench/all.sh)
+bench-all: build/memfit data
+	@bash bench/all.sh
+
 # docs/cli.md and contrib/memfit.bash are printed by the binary from the
 # config table (tests/test_docs_cli_current.sh fails when they drift)
 docs: build/memfit
