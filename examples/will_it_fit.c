@@ -13,10 +13,7 @@
  * Build against an installed memfit:
  *   cc will_it_fit.c $(pkg-config --cflags --libs memfit) -o will_it_fit
  */
-#include <memfit/config.h>
-#include <memfit/core.h>
-#include <memfit/model.h>
-#include <memfit/train.h>
+#include <memfit/memfit.h>
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -18,13 +18,25 @@ command -v pkg-config >/dev/null || { echo "FAIL pkg-config missing: apt-get ins
 
 cmake --install "$B" --prefix "$W/prefix" > "$W/install.log" 2>&1 || { cat "$W/install.log"; echo "FAIL cmake --install"; exit 1; }
 P=$W/prefix
-for f in bin/memfit lib/libmemfit.a lib/libmemfit.so lib/pkgconfig/memfit.pc include/memfit/config.h \
+for f in bin/memfit lib/libmemfit.a lib/libmemfit.so lib/pkgconfig/memfit.pc include/memfit/memfit.h \
          share/bash-completion/completions/memfit; do
   check "installed $f" "[ -e '$P/$f' ]"
 done
 soname=$(objdump -p "$P/lib/libmemfit.so" | awk '/SONAME/ {print $2}')
 check "soname is versioned (got '$soname')" "[[ '$soname' =~ ^libmemfit\.so\.[0-9]+$ ]] && [ -e '$P/lib/$soname' ]"
 check "libmemfit.so.N points at the versioned file" "[[ \$(readlink '$P/lib/$soname') =~ ^libmemfit\.so\.[0-9]+\.[0-9]+\.[0-9]+$ ]]"
+
+# every installed header compiles on its own with only the installed
+# include folder: none includes an internal (src/) header
+nh=0
+for h in "$P"/include/memfit/*.h; do
+  nh=$((nh + 1))
+  printf '#include <memfit/%s>\nint main(void) { return 0; }\n' "$(basename "$h")" > "$W/h.c"
+  cc -std=c11 -Wall -Wextra -Werror -fsyntax-only -I"$P/include" "$W/h.c" 2> "$W/h.err" \
+    || { echo "FAIL installed memfit/$(basename "$h") does not compile alone: $(head -c 300 "$W/h.err")"; fail=1; }
+done
+check "installed headers compile alone ($nh)" "[ $nh -ge 6 ]"
+check "internal headers are not installed" "[ ! -e '$P/include/memfit/quant.h' ] && [ ! -e '$P/include/memfit/io.h' ]"
 
 # a sanitizer build's library needs the sanitizer runtime in the example too
 san=""

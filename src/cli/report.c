@@ -1,7 +1,7 @@
 #include "report.h"
 #include "memfit/kernels.h"
-#include "memfit/dist.h"
-#include "memfit/half.h"
+#include "dist/dist.h"
+#include "kernels/half.h"
 #include "memfit/monitor.h"
 
 #include <cblas.h>

@@ -5,7 +5,7 @@
 #include "memfit/model.h"
 #include "memfit/monitor.h"
 #include "memfit/lora.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 
 #include <errno.h>
 #include <limits.h>

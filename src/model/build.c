@@ -3,8 +3,8 @@
  * trainer (src/train) and the settings search (src/planner), which call it
  * and neither of which includes the other for it. */
 #include "memfit/model.h"
-#include "memfit/dist.h"
-#include "memfit/quant.h"
+#include "dist/dist.h"
+#include "quant/quant.h"
 
 #include <string.h>
 

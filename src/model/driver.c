@@ -7,10 +7,10 @@
  * phase that starts; update_in_backward hands each completed gradient to
  * the optimizer. The plan is plan.c's; the phases are listed there. */
 #include "internal.h"
-#include "memfit/dist.h"
-#include "memfit/half.h"
+#include "dist/dist.h"
+#include "kernels/half.h"
 #include "memfit/kernels.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <omp.h>

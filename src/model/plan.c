@@ -17,10 +17,10 @@
  * Forward-only plans (sampling, evaluation) have phases 0 .. L+1 and keep a
  * layer's activations only while that layer runs. */
 #include "internal.h"
-#include "memfit/dist.h"
-#include "memfit/half.h"
+#include "dist/dist.h"
+#include "kernels/half.h"
 #include "memfit/kernels.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <stdlib.h>
