@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 export MEMFIT_CACHE ?= $(HOME)/.cache/memfit
 
-.PHONY: all deps-build deps-test data demo sft-demo test bench fuzz clean
+.PHONY: all deps-build deps-test data demo sft-demo test bench bench-all docs fuzz install clean
 
 all: build/memfit
 
@@ -44,6 +44,23 @@ fuzz: build/memfit
 
 bench: build/memfit data
 	@bash bench/compare_torch.sh
+
+# every benchmark docs/benchmarks.md quotes, one after another; outputs with
+# date, commit, machine and load under bench-results/ (bench/all.sh)
+bench-all: build/memfit data
+	@bash bench/all.sh
+
+# docs/cli.md and contrib/memfit.bash are printed by the binary from the
+# config table (tests/test_docs_cli_current.sh fails when they drift)
+docs: build/memfit
+	./build/memfit help --markdown > docs/cli.md
+	./build/memfit help --bash-completion > contrib/memfit.bash
+
+# make install PREFIX=DIR: bin/memfit, lib/libmemfit.a, lib/libmemfit.so.N,
+# include/memfit/, lib/pkgconfig/memfit.pc, bash completion (docs/library.md)
+PREFIX ?= /usr/local
+install: build/memfit
+	@cmake --install build --prefix "$(PREFIX)"
 
 clean:
 	rm -rf build build-asan build-fuzz

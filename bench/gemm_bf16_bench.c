@@ -4,13 +4,13 @@
  * each one's median GFLOP/s and the ratio. Not a test. From the repository
  * root, after `make` (or any cmake build of build/):
  *
- *   gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -Iinclude \
+ *   gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -Iinclude -Isrc \
  *       -I/usr/include/x86_64-linux-gnu/openblas-openmp bench/gemm_bf16_bench.c \
  *       build/libmemfit.a -L/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas -ldnnl -lm \
  *       -o /tmp/gemm_bf16_bench && /tmp/gemm_bf16_bench [reps]
  */
 #include "memfit/core.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 
 #include <cblas.h>
 #include <omp.h>

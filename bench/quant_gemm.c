@@ -1,4 +1,4 @@
-/* Times the frozen-base GEMMs of memfit/quant.h (weight dequantised a tile of
+/* Times the frozen-base GEMMs of quant/quant.h (weight dequantised a tile of
  * rows at a time, then OpenBLAS sgemm) against plain fp32 sgemm on GPT-2
  * 124M's linear-layer shapes at batch 4 x seq 256 (M = 1024), forward
  * (out = inp @ W + b) and backward_input (dinp += dout @ W^T). Each rep runs
@@ -16,7 +16,7 @@
  *       -o /tmp/quant_gemm && /tmp/quant_gemm [reps]
  */
 #include "memfit/core.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 
 #include <omp.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 [ -f build/libmemfit.a ] || { echo "quant_gemm.sh: build/libmemfit.a missing, run make first" >&2; exit 1; }
-gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp \
+gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -Iinclude -Isrc -I/usr/include/x86_64-linux-gnu/openblas-openmp \
     bench/quant_gemm.c build/libmemfit.a -L/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas -ldnnl -lm \
     -o build/quant_gemm
 echo "$(date -u '+%F %T') UTC; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"

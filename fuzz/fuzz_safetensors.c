@@ -2,7 +2,7 @@
  * through the checksum / finite-value check into a sink that reads each
  * byte, as the checkpoint loader does. */
 #include "fuzz_util.h"
-#include "memfit/io.h"
+#include "io/io.h"
 
 static void sink(void *ctx, size_t off, const void *src, size_t len) {
     (void)off;

@@ -56,7 +56,7 @@ for n in $names; do
   need=1
   if [ -x "$bin" ]; then
     need=0
-    for s in fuzz/fuzz_$n.c fuzz/fuzz_util.h ${SRC[$n]} include/memfit/*.h ${extra:+$LIB}; do [ "$s" -nt "$bin" ] && need=1; done
+    for s in fuzz/fuzz_$n.c fuzz/fuzz_util.h ${SRC[$n]} include/memfit/*.h src/*/*.h ${extra:+$LIB}; do [ "$s" -nt "$bin" ] && need=1; done
   fi
   if [ $need -eq 1 ]; then
     $CC $CFLAGS -o "$bin" "fuzz/fuzz_$n.c" ${SRC[$n]} $extra $LIBS 2> "$out/build_$n.log" \

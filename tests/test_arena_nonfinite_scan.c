@@ -4,7 +4,7 @@
  * only rows that are live now: a row whose lifetime ended is not looked at
  * (its bytes may be another buffer's), nor are integer rows. */
 #include "memfit/core.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "testutil.h"
 
 #include <math.h>

@@ -14,7 +14,7 @@
  *     and the teacher's weight bytes
  *     shrink in that order (a Llama-family teacher: tests/test_cli_distill.sh). */
 #include "memfit/distill.h"
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/train.h"
 #include "testutil.h"
 #include "trainutil.h"

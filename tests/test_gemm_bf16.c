@@ -11,7 +11,7 @@
  *  - bad shapes are refused with a message, not a crash;
  *  - it reports which oneDNN kernel runs (AVX512_BF16 on this machine). */
 #include "memfit/core.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "testutil.h"
 
 #include <math.h>

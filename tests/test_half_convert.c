@@ -1,4 +1,4 @@
-/* Proves the 16-bit conversions do what memfit/half.h says:
+/* Proves the 16-bit conversions do what kernels/half.h says:
  *  - bf16 -> fp32 -> bf16 is the identity on all 65536 bf16 patterns (NaNs
  *    stay NaN), and fp16 likewise;
  *  - fp32 -> bf16 and fp32 -> fp16 pick the nearest representable value with
@@ -11,7 +11,7 @@
  *  - stochastic rounding keeps representable values exact, is unbiased
  *    (mean of 2^16 draws within 4 standard errors of x), and gives the same
  *    bits whatever the thread count. */
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "testutil.h"
 
 #include <immintrin.h>

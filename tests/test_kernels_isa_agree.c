@@ -17,7 +17,7 @@
  * Sizes are odd so vector remainders and partial column blocks are hit. */
 #include "memfit/core.h"
 #include "memfit/kernels.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "kernels/isa.h" /* internal: both tables are tested directly */
 #include "testutil.h"
 

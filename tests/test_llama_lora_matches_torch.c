@@ -18,7 +18,7 @@
  *     line) writes the in-process run's adapters bit for bit; each written
  *     adapter read back with --adapter gives bit-identical logits, and
  *     adapter_config.json says what PEFT needs (fan_in_fan_out false). */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/lora.h"
 #include "memfit/train.h"
 #include "testutil.h"

@@ -12,7 +12,7 @@
  * head and jittered norms; a tied head with Llama 3 rope scaling; Qwen2's
  * q/k/v biases; Mistral's sliding window (8) shorter than T (24), from a
  * folder in 2 shards. */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/train.h"
 #include "testutil.h"
 #include "trainutil.h"

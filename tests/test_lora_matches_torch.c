@@ -7,7 +7,7 @@
  * with alpha/r = 2, dropout off, all four targets, lora_B non-zero so both
  * halves of the backward matter. Then the adapter is loaded back (--adapter)
  * into a fresh run and gives bit-identical logits. */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/train.h"
 #include "testutil.h"
 #include "trainutil.h"

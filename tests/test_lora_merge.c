@@ -3,7 +3,7 @@
  * --unmerge takes it back out: every weight returns to the base within fp32
  * round-off (two roundings: |w' - w| <= 2^-23 (|w| + |delta|)); tensors the
  * adapter does not touch are copied bit for bit. */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/train.h"
 #include "testutil.h"
 #include "trainutil.h"

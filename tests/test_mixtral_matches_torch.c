@@ -19,7 +19,7 @@
  * packed NF4 / int8 from the files, LoRA on attention): first loss within
  * the quantisation error of PyTorch's, planned == ledger; and bad settings
  * fail with one line. */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/train.h"
 #include "testutil.h"
 #include "trainutil.h"

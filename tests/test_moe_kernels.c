@@ -8,7 +8,7 @@
  * plus capacity-overflow counting, the tie-break rule, the buffer-size
  * formulas, and the errors for bad sizes. Buffers are malloc'd at exactly
  * mf_moe_buffer_sizes' bytes, so the ASan build catches any overrun. */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/kernels.h"
 #include "testutil.h"
 

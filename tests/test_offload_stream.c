@@ -4,7 +4,7 @@
  * still usable, names the path when it cannot create the file, overlaps
  * I/O with the callback, and does not leave the file in the page cache.
  * An in-memory copy of the file (the model) is the reference. */
-#include "memfit/offload.h"
+#include "optim/offload.h"
 #include "testutil.h"
 
 #include <fcntl.h>

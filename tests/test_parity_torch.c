@@ -5,7 +5,7 @@
  * absolute), the same losses over 10 AdamW steps with clipping (1e-5) and
  * the same final weights (within 5% of one step's lr). The vocabulary is GPT-2's (50257, padded to 50304
  * inside memfit), so padding is part of the check. */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/train.h"
 #include "testutil.h"
 #include "trainutil.h"

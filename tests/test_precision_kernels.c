@@ -10,7 +10,7 @@
  *    against the fp32 kernels on the unrounded operands within
  *    2u x sum|a||b| (u = 2^-8 bf16, 2^-11 fp16: both operands rounded);
  *    bias gradients bit-identical to the fp32 kernel (same fp32 sum). */
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "memfit/kernels.h"
 #include "testutil.h"
 

@@ -10,8 +10,8 @@
  *    8 steps in one run, bit for bit;
  *  - the weights file of an NF4 run is the dequantised base (F32): an fp32
  *    run started from it has the NF4 run's logits (1e-5). */
-#include "memfit/io.h"
-#include "memfit/quant.h"
+#include "io/io.h"
+#include "quant/quant.h"
 #include "memfit/train.h"
 #include "testutil.h"
 #include "trainutil.h"

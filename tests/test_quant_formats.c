@@ -1,4 +1,4 @@
-/* Proves the frozen-base storage formats do what memfit/quant.h says:
+/* Proves the frozen-base storage formats do what quant/quant.h says:
  *  - the NF4 code book is the published table (bitsandbytes csrc/kernels.cu,
  *    QLoRA appendix E), and that table is what QLoRA's construction gives:
  *    quantiles of N(0,1) (bitsandbytes create_normal_map(offset=0.9677083)),
@@ -25,9 +25,9 @@
  *  - pack and unpack do not depend on the thread count;
  *  - mf_quant_parse accepts fp32/bf16/int8/nf4 and names anything else. */
 #include "memfit/core.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "memfit/optim.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 #include "testutil.h"
 
 #include <math.h>

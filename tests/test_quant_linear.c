@@ -1,4 +1,4 @@
-/* Proves the nn.Linear-layout frozen-base GEMMs of memfit/quant.h
+/* Proves the nn.Linear-layout frozen-base GEMMs of quant/quant.h
  * (mf_quant_linear_forward / _backward_input: W (N,K), row n = output n's K
  * weights, as Hugging Face's Llama stores it) compute what they say, for
  * fp32, bf16, int8 and nf4 weights, at SmolLM2-135M's shapes (K=576,
@@ -24,7 +24,7 @@
  *    the same values), int8 and nf4 (whose blocks run along the other axis)
  *    through the dequantised transpose as fp32. */
 #include "memfit/core.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 #include "testutil.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* Proves the frozen-base GEMMs of memfit/quant.h compute what they say, for
+/* Proves the frozen-base GEMMs of quant/quant.h compute what they say, for
  * fp32, bf16, int8 and nf4 weights, at gpt2-124m's shapes (K=768, N=2304;
  * K=3072, N=768) and odd ones (K, N not multiples of the tile, the block or
  * 2; M = 1, 2, 3, 5, 7, 11, 13), bias on and off:
@@ -15,7 +15,7 @@
  *  - all of the above with 1, 2, 3 and 5 OpenMP threads (the scratch is
  *    split between them). */
 #include "memfit/core.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 #include "testutil.h"
 
 #include <math.h>

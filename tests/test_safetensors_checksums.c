@@ -9,7 +9,7 @@
  *  - streaming hands the sink exactly the tensor's bytes, piece by piece
  *    (a tensor over the 4 MiB piece size), and copies stale checksums from
  *    another file's metadata never reach a new file. */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "testutil.h"
 
 #include <math.h>

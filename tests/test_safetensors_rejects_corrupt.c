@@ -1,7 +1,7 @@
 /* mf_st_open refuses every kind of malformed file with one specific line
  * naming the file, never crashes on random header damage (mini-fuzzer),
  * and failed writes leave the destination as it was and no temp files. */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "testutil.h"
 
 #include <dirent.h>

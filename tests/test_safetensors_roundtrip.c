@@ -2,7 +2,7 @@
  * plus metadata, then reading them back, gives the same names, dtypes,
  * shapes, bytes and metadata; the file layout follows the format (8-byte
  * aligned data section, space-padded header, contiguous data). */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "testutil.h"
 
 #include <dirent.h>

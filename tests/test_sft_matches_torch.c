@@ -12,7 +12,7 @@
  * cross_entropy(ignore_index=-100), the mean over the targets that count.
  * The loss runs 7 rows at a time (loss_chunk 7), so chunks with no counted
  * target and chunks split mid-document are both exercised. */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/train.h"
 #include "testutil.h"
 

@@ -10,7 +10,7 @@
  * divide n_layer, and the paths that cannot accumulate a shared gradient,
  * are refused with a message; a shared weights file refuses to load into
  * an unshared model. */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/train.h"
 #include "testutil.h"
 #include "trainutil.h"

@@ -110,6 +110,11 @@ int mf_config_parse_args(mf_config *c, int argc, char **argv,
                          char **positional, int max_pos);
 /* Prints every key with type, default and help. */
 void mf_config_print_help(FILE *f);
+/* Row i of the key table, for help printers (memfit help --markdown,
+ * --bash-completion): name, type ("int", "float", "text", "size",
+ * "bool"), default text ("" = empty) and help. Returns 1, or 0 when i is
+ * past the last row (the pointers are then untouched). Static strings. */
+int mf_config_key_info(int i, const char **key, const char **type, const char **def, const char **help);
 /* Writes the current values as YAML (for checkpoints and logs). */
 int mf_config_to_yaml(const mf_config *c, char *buf, size_t n);
 /* True when the user set the key explicitly (file or flag). */

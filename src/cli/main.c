@@ -2,8 +2,8 @@
 #include "memfit/config.h"
 #include "memfit/core.h"
 #include "memfit/data.h"
-#include "memfit/dist.h"
-#include "memfit/io.h"
+#include "dist/dist.h"
+#include "io/io.h"
 #include "memfit/kernels.h"
 #include "memfit/model.h"
 #include "memfit/monitor.h"
@@ -15,6 +15,7 @@
 #include "eval_chat.h"
 #include "merge.h"
 #include "quantize.h"
+#include "help.h"
 #include "report.h"
 
 #include <errno.h>
@@ -908,21 +909,7 @@ static int cmd_tokenize(int argc, char **argv) {
     return rc;
 }
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: memfit <command> [options]\n\n"
-               "commands:\n"
-               "  train      train a model inside its memory plan (memfit train --help lists every key)\n"
-               "  profile    run a few steps and print time, FLOPs and memory per layer, with suggestions\n"
-               "  estimate   print the memory plan by category and layer (--json for scripts)\n"
-               "  plan       search the settings for the fastest that fits --budget (Pareto table, --json)\n"
-               "  sample     generate text from weights\n"
-               "  eval       validation loss of weights\n"
-               "  eval-chat  greedy answers to chat data (--data FILE.jsonl): exact match and unit error rate\n"
-               "  tokenize   text to a token file; --encode TEXT (or stdin) to ids, --decode IDS to text\n"
-               "  convert    join the per-rank shards of a ZeRO checkpoint into one file\n"
-               "  merge      fold a LoRA adapter into a model file's weights (--unmerge takes it out)\n"
-               "  quantize   post-training quantisation of a model file to int8 or nf4 (sample and eval run from it)\n");
-}
+static void usage(FILE *f) { mf_cli_usage(f); }
 
 /* Under AddressSanitizer freed memory waits in a quarantine (256 MiB by
  * default) before the allocator reuses it; freed GEMM scratch then stays
@@ -958,7 +945,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "convert") == 0) return mf_cli_convert(argc - 2, argv + 2);
     if (strcmp(cmd, "merge") == 0) return mf_cli_merge(argc - 2, argv + 2);
     if (strcmp(cmd, "quantize") == 0) return mf_cli_quantize(argc - 2, argv + 2);
-    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) { usage(stdout); return 0; }
+    if (strcmp(cmd, "help") == 0) return mf_cli_help(argc - 2, argv + 2);
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) { usage(stdout); return 0; }
     fprintf(stderr, "memfit: error: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

@@ -10,9 +10,9 @@
  * values) before anything is written. */
 #include "quantize.h"
 #include "memfit/core.h"
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/model.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 
 #include <errno.h>
 #include <stdio.h>

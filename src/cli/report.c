@@ -1,9 +1,9 @@
 #include "report.h"
 #include "memfit/kernels.h"
-#include "memfit/dist.h"
+#include "dist/dist.h"
 #include "memfit/distill.h"
-#include "memfit/quant.h"
-#include "memfit/half.h"
+#include "quant/quant.h"
+#include "kernels/half.h"
 #include "memfit/monitor.h"
 
 #include <cblas.h>

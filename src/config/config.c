@@ -6,7 +6,7 @@
 #include "memfit/monitor.h"
 #include "memfit/lora.h"
 #include "memfit/distill.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -391,6 +391,15 @@ void mf_config_print_help(FILE *f) {
         fprintf(f, "  --%-14s %-5s default %-10s %s\n", keys[i].key, type_name(keys[i].type),
                 *keys[i].def ? keys[i].def : "\"\"", keys[i].help);
     fprintf(f, "Sizes take units: 512MiB, 2GiB, 1.5GB.\n");
+}
+
+int mf_config_key_info(int i, const char **key, const char **type, const char **def, const char **help) {
+    if (i < 0 || i >= NKEYS) return 0;
+    *key = keys[i].key;
+    *type = type_name(keys[i].type);
+    *def = keys[i].def;
+    *help = keys[i].help;
+    return 1;
 }
 
 int mf_config_to_yaml(const mf_config *c, char *buf, size_t n) {

@@ -6,7 +6,7 @@
  * when its lifetime ends, so "ledger peak == planned peak" checks that the
  * code uses exactly the buffers the plan declares, when it declares them. */
 #include "memfit/core.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 
 #include <math.h>
 #include <stdlib.h>

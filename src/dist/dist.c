@@ -1,4 +1,4 @@
-/* The MPI session and the collectives (see memfit/dist.h).
+/* The MPI session and the collectives (see dist/dist.h).
  *
  * The collectives are Open MPI's own, non-blocking and polled (wait_req) so
  * a dead or hung peer still stops the job after dist_timeout. The rings
@@ -6,7 +6,7 @@
  * algorithms for clusters of workstations": each of world-1 steps sends
  * one shard to the next rank over MPI_Sendrecv) stay behind
  * MEMFIT_DIST_RING=1 for the comparison in docs/dist.md. */
-#include "memfit/dist.h"
+#include "dist/dist.h"
 
 #include <mpi.h>
 #include <pthread.h>

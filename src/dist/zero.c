@@ -1,4 +1,4 @@
-/* ZeRO stages 0-2 on the model's plan rows (see memfit/dist.h).
+/* ZeRO stages 0-2 on the model's plan rows (see dist/dist.h).
  *
  * Every tensor is split by elements into one contiguous shard per rank
  * (mf_dist_shard). Per-rank model-state bytes, for Psi parameters in fp32
@@ -12,7 +12,7 @@
  * The state rows are planned on the shard by the model (mf_optim.zero), the
  * gradient shards too; this file adds the collectives' bucket scratch and runs the
  * collectives at the points the trainer calls it. */
-#include "memfit/dist.h"
+#include "dist/dist.h"
 #include "memfit/kernels.h"
 
 #include <string.h>

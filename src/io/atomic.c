@@ -3,7 +3,7 @@
  * renamed over the destination. A crash or error at any point leaves either
  * the old file or the new one at `path`, never a mix; the directory fsync
  * after the rename makes the new name itself durable. */
-#include "memfit/io.h"
+#include "io/io.h"
 
 #include <dirent.h>
 #include <errno.h>

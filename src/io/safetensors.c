@@ -11,7 +11,7 @@
  * header with spaces to a multiple of 8 bytes (as the reference
  * implementation does, so the data section starts 8-byte aligned) and goes
  * through mf_atomic_* so the destination is never half-written. */
-#include "memfit/io.h"
+#include "io/io.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

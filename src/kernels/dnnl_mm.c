@@ -1,6 +1,6 @@
-/* oneDNN matmul (dnnl_mm.h), and the bf16 GEMM on it (see memfit/half.h). */
+/* oneDNN matmul (dnnl_mm.h), and the bf16 GEMM on it (see kernels/half.h). */
 #include "memfit/core.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "dnnl_mm.h"
 
 #include <pthread.h>

@@ -1,8 +1,8 @@
-/* 16-bit float conversions (see memfit/half.h). Plain C the compiler
+/* 16-bit float conversions (see kernels/half.h). Plain C the compiler
  * vectorises; fp16 rounding follows F. Giesen's float_to_half_fast3_rtne,
  * whose subnormal path lets the FPU do the rounding (so this file must not
  * be built with -ffast-math). */
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "isa.h"
 
 #include <immintrin.h>

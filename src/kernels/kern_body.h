@@ -17,7 +17,7 @@
 
 #include "isa.h"
 #include "memfit/core.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "vmath.h"
 
 #include <math.h>

@@ -198,7 +198,7 @@ void mf_swiglu_backward(float *dgate, float *dup, const float *dout, const float
  * (nearest-even) as it is written; rstd is computed exactly as
  * mf_rmsnorm_forward computes it, so the fp32 backward reads the same
  * statistics whether the forward was 16-bit or not. */
-#include "memfit/half.h"
+#include "kernels/half.h"
 
 static inline uint16_t ll_round16(mf_dtype dt, float x) {
     return dt == MF_DTYPE_BF16 ? mf_f32_to_bf16(x) : mf_f32_to_fp16(x);

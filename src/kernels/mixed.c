@@ -12,7 +12,7 @@
  * storage semantics but is a memory feature here, not a speed one. */
 #include "memfit/kernels.h"
 #include "memfit/core.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "vmath.h"
 #include "isa.h"
 

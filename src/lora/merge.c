@@ -2,7 +2,7 @@
  * (or out of) a model file's weights, as PEFT's merge_and_unload does for
  * GPT-2's Conv1D (fan_in_fan_out): W (in, out) += (alpha/r) * (B @ A)^T;
  * a Llama's nn.Linear: W (out, in) += (alpha/r) * B @ A. */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/lora.h"
 
 #include <cblas.h>

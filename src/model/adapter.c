@@ -4,7 +4,7 @@
  *   Llama: base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight
  * (r, in) and ...lora_B.weight (out, r), fp32, and adapter_config.json
  * (fan_in_fan_out true for GPT-2's Conv1D, false for nn.Linear). */
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/lora.h"
 #include "memfit/model.h"
 

@@ -31,9 +31,9 @@
  */
 #include "internal.h"
 
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "memfit/kernels.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 
 #include <omp.h>
 #include <string.h>

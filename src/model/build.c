@@ -3,9 +3,9 @@
  * trainer (src/train) and the settings search (src/planner), which call it
  * and neither of which includes the other for it. */
 #include "memfit/model.h"
-#include "memfit/dist.h"
+#include "dist/dist.h"
 #include "memfit/distill.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 
 #include <string.h>
 

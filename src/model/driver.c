@@ -7,11 +7,11 @@
  * phase that starts; update_in_backward hands each completed gradient to
  * the optimizer. The plan is plan.c's; the phases are listed there. */
 #include "internal.h"
-#include "memfit/dist.h"
+#include "dist/dist.h"
 #include "memfit/distill.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "memfit/kernels.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <omp.h>

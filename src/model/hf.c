@@ -5,7 +5,7 @@
  * `rope_scaling` (v4) or `rope_parameters` (v5). */
 #include "memfit/model.h"
 
-#include "memfit/io.h"
+#include "io/io.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -16,7 +16,7 @@
 #include "internal.h"
 
 #include "memfit/kernels.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 
 #include <string.h>
 

@@ -18,10 +18,10 @@
  * layer's activations only while that layer runs. */
 #include "internal.h"
 #include "memfit/distill.h"
-#include "memfit/dist.h"
-#include "memfit/half.h"
+#include "dist/dist.h"
+#include "kernels/half.h"
 #include "memfit/kernels.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <stdlib.h>

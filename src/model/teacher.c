@@ -6,9 +6,9 @@
 #include "internal.h"
 #include "memfit/data.h"
 #include "memfit/distill.h"
-#include "memfit/io.h"
+#include "io/io.h"
 #include "memfit/kernels.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 #include "kernels/vmath.h"
 
 #include <errno.h>

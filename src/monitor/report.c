@@ -11,7 +11,7 @@
  * Long runs are thinned to MF_REPORT_MAX_POINTS points per series (every
  * k-th step and the last), and data-steps says which steps were kept. */
 #include "memfit/monitor.h"
-#include "memfit/io.h"
+#include "io/io.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

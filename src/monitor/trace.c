@@ -12,7 +12,7 @@
  * microseconds with three decimals, so a child span computed from the same
  * clock never pokes out of its parent by a rounding step. */
 #include "memfit/monitor.h"
-#include "memfit/io.h"
+#include "io/io.h"
 
 #include <math.h>
 #include <stdlib.h>

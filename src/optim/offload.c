@@ -14,7 +14,7 @@
  * Hand-off: the mutex orders every access to the fd-side state (o->pend,
  * the counters) between the two threads; outside a stream the I/O thread
  * is idle and the calling thread uses the fd directly. */
-#include "memfit/offload.h"
+#include "optim/offload.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -3,7 +3,7 @@
  * (rates.c), and the fastest that fits the budget is chosen. */
 #include "memfit/planner.h"
 #include "memfit/model.h"
-#include "memfit/dist.h"
+#include "dist/dist.h"
 
 #include <math.h>
 #include <stdlib.h>

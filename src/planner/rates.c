@@ -2,7 +2,7 @@
  * (calibration, cached per host and thread count) and a planned model's
  * work per optimizer step at those rates. */
 #include "memfit/planner.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "memfit/kernels.h"
 #include "memfit/optim.h"
 #include "memfit/model.h"

@@ -1,9 +1,9 @@
-/* Frozen-base storage formats and their GEMMs (see memfit/quant.h for the
+/* Frozen-base storage formats and their GEMMs (see quant/quant.h for the
  * byte layouts). Pack runs once when the base is loaded; unpack runs inside
  * every GEMM, a tile of rows at a time, so it is the part written for speed. */
-#include "memfit/quant.h"
+#include "quant/quant.h"
 #include "memfit/core.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "memfit/optim.h"
 
 #include <cblas.h>

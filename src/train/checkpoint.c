@@ -15,11 +15,11 @@
  * `memfit convert` joins them into one single-process checkpoint. Without
  * sharding, rank 0 writes the one file. Weights are always one file, from
  * rank 0 (ZeRO 3 gathers each tensor from the ranks as it is written). */
-#include "memfit/dist.h"
-#include "memfit/io.h"
-#include "memfit/quant.h"
+#include "dist/dist.h"
+#include "io/io.h"
+#include "quant/quant.h"
 #include "memfit/train.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -12,7 +12,7 @@
  * holds the same tensors with or without offload. The file is scratch: a
  * crash mid-step leaves it half-updated, and resuming refills it from the
  * last checkpoint. */
-#include "memfit/offload.h"
+#include "optim/offload.h"
 #include "memfit/optim.h"
 #include "memfit/train.h"
 

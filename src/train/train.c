@@ -1,12 +1,12 @@
 /* The training driver: set-up (data, plan, budget, arena, weights), the
  * step, validation and sampling. */
 #include "memfit/train.h"
-#include "memfit/dist.h"
+#include "dist/dist.h"
 #include "memfit/distill.h"
-#include "memfit/half.h"
+#include "kernels/half.h"
 #include "memfit/kernels.h"
 #include "memfit/optim.h"
-#include "memfit/quant.h"
+#include "quant/quant.h"
 
 #include <cblas.h>
 #include <errno.h>

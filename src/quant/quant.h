@@ -17,7 +17,7 @@
  *  MF_QUANT_F32  (0, "fp32": no quantisation) 4*n bytes, the floats as is.
  *
  *  MF_QUANT_BF16 2*n bytes: bf16 of each value, round to nearest even
- *    (memfit/half.h). Dequantisation is exact.
+ *    (kernels/half.h). Dequantisation is exact.
  *
  *  MF_QUANT_INT8 block-wise absmax int8, blocks of 64 values (the last may
  *    be short: len = min(64, n - 64*b)). nb = ceil(n/64). Block b starts at
