@@ -479,6 +479,7 @@ void mf_dist_comm_times(double *sync_s, double *bg_s, double *wait_s) {
 static float *g_gacc[GATHER_MAX], *g_gscr;
 static int64_t g_gscrn;
 static int g_gallreduce;  /* the job all-reduces (ZeRO 0's overlap) */
+static char g_gerr[1024]; /* the thread's error message (mf_error is per thread) */
 
 static void *gather_thread(void *arg) {
     (void)arg;
@@ -500,6 +501,7 @@ static void *gather_thread(void *arg) {
         mf_dist_shard(g_gn[i], g_gc.size, g_gc.rank, &lo, &hi);
         for (int64_t k = 0; k < hi - lo; k++) g_gacc[i][k] += g_gx[i][lo + k];
     }
+    if (g_grc) snprintf(g_gerr, sizeof g_gerr, "%s", mf_error());
     g_t_bg += mf_time_now() - t0;
     t_in_job = was;
     return NULL;
@@ -514,6 +516,8 @@ int mf_dist_gather_wait(void) {
     g_ng = 0;
     int rc = g_grc;
     g_grc = 0;
+    /* the background thread's message, raised again in this thread */
+    if (rc) return mf_fail("%s", g_gerr[0] ? g_gerr : "a background collective failed");
     return rc;
 }
 
