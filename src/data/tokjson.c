@@ -496,6 +496,12 @@ static int mf_hf_load_model(mf_hftok *h, const cJSON *root, const cJSON *model) 
         bytes += a->len + 1;
     }
     if (maxid < 0) return mf_fail("%s: the vocabulary is empty", h->path);
+    /* ids index dense tables: real vocabularies number their tokens 0..n-1
+     * (the largest have ~2^18); a sparse or huge id would make a small file
+     * allocate gigabytes (found by the fuzzer) */
+    if (maxid >= (1 << 22) || (int64_t)maxid + 1 > 2 * ((int64_t)nv + na) + 1024)
+        return mf_fail("%s: token id %d is too large for a vocabulary of %d tokens and %d added tokens (ids must "
+                       "number the tokens from 0, at most %d)", h->path, maxid, nv, na, (1 << 22) - 1);
     h->vocab = maxid + 1;
     size_t V = (size_t)h->vocab;
     h->tok_off = calloc(V, sizeof *h->tok_off);
