@@ -33,6 +33,16 @@ static _Thread_local int t_in_job;  /* set in the background thread */
 static double g_t_sync, g_t_bg, g_t_wait, g_comm_bytes;
 
 static int use_ring(void);
+/* MEMFIT_DIST_RS=block: MPI_Ireduce_scatter_block instead of per-owner
+ * reduces; read once (collectives run per bucket in the step) */
+static int rs_block(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *rs = getenv("MEMFIT_DIST_RS");
+        v = rs && strcmp(rs, "block") == 0;
+    }
+    return v;
+}
 static int wait_req(MPI_Request *req, int nreq, const char *what);
 
 /* A communicator and this rank's place in it. Without hybrid sharding
@@ -422,9 +432,8 @@ int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_
         int64_t lo, hi;
         mf_dist_shard(n, g_gc.size, g_gc.rank, &lo, &hi);
         count(&g_xc, hi - lo, 2);
-        const char *rs = getenv("MEMFIT_DIST_RS");
         int rc = g_gc.size == 1 ? 0
-               : rs && strcmp(rs, "block") == 0 ? mpi_reduce_scatter(&g_gc, x, n, scratch, scratch_n)
+               : rs_block() ? mpi_reduce_scatter(&g_gc, x, n, scratch, scratch_n)
                : mpi_reduce_roots(&g_gc, x, n);
         if (!rc) rc = mpi_allreduce(&g_xc, x + lo, hi - lo);
         return timed(rc, t0);
@@ -434,8 +443,7 @@ int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_
      * here (Open MPI 4.1's libnbc reduces the whole buffer to one rank and
      * scatters it): gpt2-10m zero 2, np 2, 0.97x vs 0.91x the ring's tok/s,
      * docs/memory.md; MEMFIT_DIST_RS=block picks the block form */
-    const char *rs = getenv("MEMFIT_DIST_RS");
-    if (!use_ring() && !(rs && strcmp(rs, "block") == 0)) return timed(mpi_reduce_roots(&g_wc, x, n), t0);
+    if (!use_ring() && !rs_block()) return timed(mpi_reduce_roots(&g_wc, x, n), t0);
     return timed(use_ring() ? ring_reduce_scatter(x, n, scratch, scratch_n) : mpi_reduce_scatter(&g_wc, x, n, scratch, scratch_n), t0);
 }
 
