@@ -257,6 +257,151 @@ static void qlora_case(const char *src) {
     if (system(cmd)) {}
 }
 
+/* the batch of a reference case directory as a token file (dir/batch.tok) */
+static int case_tokens(const char *dir, char *tok, size_t n) {
+    char p[1200];
+    mf_st_file batch;
+    snprintf(p, sizeof p, "%s/batch.safetensors", dir);
+    if (mf_st_open(&batch, p)) return -1;
+    const int32_t *iv = mf_st_find(&batch, "inputs")->data, *tv = mf_st_find(&batch, "targets")->data;
+    uint16_t ids[B_ * T_ + 1];
+    for (int i = 0; i < B_ * T_; i++) ids[i] = (uint16_t)iv[i];
+    ids[B_ * T_] = (uint16_t)tv[B_ * T_ - 1];
+    mf_st_close(&batch);
+    snprintf(tok, n, "%s/batch.tok", dir);
+    return mf_tokfile_write(tok, MF_TOK_BYTES, 256, ids, B_ * T_ + 1);
+}
+
+/* LoRA on the experts (PEFT targets w1, w2, w3; with attention targets
+ * too) against the reference's PEFT-style adapters on a frozen fp32 base:
+ * memfit loads the reference's adapter (one tensor per expert) into its
+ * stacked rows, then the loss within 1e-5, every adapter gradient within
+ * 1e-4 relative (1e-6 absolute), 10 AdamW steps' losses within 1e-5 and
+ * the final adapters; planned == ledger; the adapter memfit writes back is
+ * the reference's byte for byte; memfit merge folds it into the HF folder's
+ * per-expert weights and a plain fp32 run of the merged folder gives the
+ * adapted model's loss (1e-5). */
+static void lora_case(const char *src, const char *targets) {
+    char dir[] = "/tmp/memfit-mixtral-lora-XXXXXX", cmd[2048], p[1200], tok[1200], lora[128];
+    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    printf("== LoRA on %s\n", targets);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/ref/mixtral_torch.py make-case --out %s --vocab %d --seq %d "
+             "--batch %d --seed 5 --lora_r 4 --lora_alpha 8 --lora_targets %s >/dev/null", src, dir, V_, T_, B_, targets);
+    if (system(cmd) != 0) { CHECK(0, "reference failed: %s", cmd); return; }
+    snprintf(p, sizeof p, "%s/ref.json", dir);
+    char *js = mf_test_read_text(p);
+    cJSON *j = js ? cJSON_Parse(js) : NULL;
+    mf_st_file ref;
+    snprintf(p, sizeof p, "%s/ref.safetensors", dir);
+    if (!j || case_tokens(dir, tok, sizeof tok) || mf_st_open(&ref, p)) { CHECK(0, "case files: %s", mf_error()); return; }
+    mf_config c;
+    mf_config_defaults(&c);
+    set_common(&c, tok);
+    snprintf(p, sizeof p, "%s/hf", dir);
+    mf_config_set(&c, "init", p);
+    snprintf(lora, sizeof lora, "r=4,alpha=8,targets=%s", targets);
+    CHECK(mf_config_set(&c, "lora", lora) == 0, "%s", mf_error());
+    snprintf(p, sizeof p, "%s/adapter", dir);
+    mf_config_set(&c, "adapter", p);
+    mf_trainer t;
+    double loss = NAN;
+    if (mf_trainer_init(&t, &c, MF_MODE_TRAIN) == 0) {
+        mf_arena_step(&t.arena);
+        mf_model_zero_grads(&t.model, &t.arena);
+        mf_trainer_load_batch(&t);
+        loss = mf_model_forward(&t.model, &t.arena, B_, T_, 1, 1.0f / (B_ * T_));
+        mf_model_backward(&t.model, &t.arena, B_, T_);
+        CHECK(mf_close(loss, jnum(j, "loss"), 1e-5, 0), "loss memfit %.9g torch %.9g", loss, jnum(j, "loss"));
+        int ng = 0, nl = 0;
+        for (int i = 0; i < t.model.n_tensors; i++) {
+            const mf_tensor *x = &t.model.tensors[i];
+            CHECK((i >= t.model.lora_first) == !x->frozen, "%s: frozen %d", x->name, x->frozen);
+            if (i < t.model.lora_first) continue;
+            char nm[160];
+            snprintf(nm, sizeof nm, "grad.%s", x->name);
+            const mf_st_tensor *g = mf_st_find(&ref, nm);
+            CHECK(g && g->nbytes == (size_t)x->numel * 4, "reference gradient %s", nm);
+            nl++;
+            if (g) ng += mf_test_compare(nm, mf_arena_ptr(&t.arena, x->g), g->data, (size_t)x->numel, 1e-4, 1e-6);
+        }
+        printf("loss %.9g (torch %.9g); %d of %d adapter gradients agree\n", loss, jnum(j, "loss"), ng, nl);
+        /* the adapter as memfit writes it: the reference's file, tensor for tensor */
+        char ad[1200];
+        snprintf(ad, sizeof ad, "%s/saved", dir);
+        CHECK(mf_lora_save_adapter(&t.model, &t.arena, ad, "x") == 0, "%s", mf_error());
+        mf_st_file f1, f2;
+        snprintf(p, sizeof p, "%s/adapter_model.safetensors", ad);
+        char p2[1200];
+        snprintf(p2, sizeof p2, "%s/adapter/adapter_model.safetensors", dir);
+        if (mf_st_open(&f1, p) == 0) {
+            if (mf_st_open(&f2, p2) == 0) {
+                CHECK(f1.n == f2.n, "saved adapter has %d tensors, the reference's %d", f1.n, f2.n);
+                for (int i = 0; i < f1.n; i++) {
+                    const mf_st_tensor *o = mf_st_find(&f2, f1.tensors[i].name);
+                    CHECK(o && o->nbytes == f1.tensors[i].nbytes && !memcmp(o->data, f1.tensors[i].data, o->nbytes),
+                          "saved %s differs from the reference's", f1.tensors[i].name);
+                }
+                mf_st_close(&f2);
+            }
+            mf_st_close(&f1);
+        } else CHECK(0, "%s", mf_error());
+        mf_trainer_free(&t);
+    } else CHECK(0, "%s: %s", targets, mf_error());
+
+    cJSON *losses = cJSON_GetObjectItem(j, "losses");
+    CHECK(cJSON_GetArraySize(losses) == 10, "ref.json losses");
+    if (mf_trainer_init(&t, &c, MF_MODE_TRAIN) == 0) {
+        for (int s = 0; s < 10 && losses; s++) {
+            mf_step_stats st;
+            CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
+            double want = cJSON_GetArrayItem(losses, s)->valuedouble;
+            CHECK(mf_close(st.loss, want, 1e-5, 0), "step %d loss memfit %.9g torch %.9g", s, st.loss, want);
+            if (s == 0 || s == 9) printf("step %d loss %.7f torch %.7f\n", s, st.loss, want);
+        }
+        CHECK(t.plan.peak_bytes == t.ledger.peak_total, "planned peak %zu, ledger peak %zu", t.plan.peak_bytes,
+              t.ledger.peak_total);
+        for (int cat = 0; cat < MF_CAT_COUNT; cat++)
+            CHECK(t.plan.max_cat[cat] == t.ledger.peak[cat], "category %d: planned %zu, ledger %zu", cat,
+                  t.plan.max_cat[cat], t.ledger.peak[cat]);
+        for (int i = t.model.lora_first; i < t.model.n_tensors; i++) {
+            const mf_tensor *x = &t.model.tensors[i];
+            char nm[160];
+            snprintf(nm, sizeof nm, "final.%s", x->name);
+            const mf_st_tensor *w = mf_st_find(&ref, nm);
+            CHECK(w && w->nbytes == (size_t)x->numel * 4, "final %s", x->name);
+            if (w) mf_test_compare(nm, mf_arena_ptr(&t.arena, x->p), w->data, (size_t)x->numel, 1e-4, 5e-5);
+        }
+        mf_trainer_free(&t);
+    } else CHECK(0, "%s", mf_error());
+
+    /* memfit merge into the folder's per-expert weights, then a plain run */
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/merged && cp %s/hf/config.json %s/merged/", dir, dir, dir);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    char mp[1200], ap[1200], op[1200];
+    snprintf(mp, sizeof mp, "%s/hf/model.safetensors", dir);
+    snprintf(ap, sizeof ap, "%s/adapter", dir);
+    snprintf(op, sizeof op, "%s/merged/model.safetensors", dir);
+    CHECK(mf_lora_merge_file(mp, ap, op, 0) == 0, "merge: %s", mf_error());
+    mf_config_defaults(&c);
+    set_common(&c, tok);
+    snprintf(p, sizeof p, "%s/merged", dir);
+    mf_config_set(&c, "init", p);
+    if (mf_trainer_init(&t, &c, MF_MODE_TRAIN) == 0) {
+        mf_arena_step(&t.arena);
+        mf_model_zero_grads(&t.model, &t.arena);
+        mf_trainer_load_batch(&t);
+        double ml = mf_model_forward(&t.model, &t.arena, B_, T_, 1, 1.0f / (B_ * T_));
+        CHECK(mf_close(ml, loss, 1e-5, 0), "merged model's loss %.9g, the adapted model's %.9g", ml, loss);
+        printf("merged (memfit merge) loss %.9g, adapter %.9g\n", ml, loss);
+        mf_trainer_free(&t);
+    } else CHECK(0, "merged: %s", mf_error());
+    cJSON_Delete(j);
+    free(js);
+    mf_st_close(&ref);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
+}
+
 /* checkpoint metadata: the dims string carries the experts and round-trips
  * them; a dense Llama's string is what it was before experts existed */
 static void dims_roundtrip(void) {
@@ -311,6 +456,8 @@ int main(void) {
     run_case(src, "top-1, no aux loss", "--top_k 1 --aux_coef 0", NULL);
     run_case(src, "top-2, aux and z-loss", "--top_k 2 --aux_coef 0.05 --z_coef 0.01 --seed 2", NULL);
     run_case(src, "top-2, capacity factor 0.5 drops slots", "--top_k 2 --capacity_factor 0.5 --seed 3", "0.5");
+    lora_case(src, "w1,w2,w3");
+    lora_case(src, "q_proj,v_proj,w1,w2,w3");
     recompute_policies();
     qlora_case(src);
     dims_roundtrip();

@@ -379,6 +379,30 @@ int mf_moe_experts_forward(float *y, mf_moe_acts *a, const float *x, const mf_mo
 int mf_moe_experts_backward(float *dx, float *dw1, float *dw3, float *dw2, mf_moe_work *w, const float *dy,
                             const mf_moe_acts *a, const mf_moe_route *r, const float *w1, const float *w3,
                             const float *w2, const mf_moe_dims *d);
+/* Per-expert hooks for the two functions below (all may be NULL):
+ *  - weights: expert e's matrices w1 (F,C), w3 (F,C), w2 (C,F) in fp32,
+ *    replacing the stacks' slices (a quantised base dequantises one expert
+ *    at a time into one tile). With it the experts run one after another
+ *    (the tile is shared), each GEMM parallel inside.
+ *  - lora_fwd: after projection p's base GEMM (0 w1, 1 w3, 2 w2) on expert
+ *    e's m rows starting at permuted row r0: out (m,out) += adapter(in (m,in)).
+ *  - lora_bwd: after the base input gradient of projection p is written
+ *    into din (m,in): the adapter's parameter gradients from dout (m,out)
+ *    and in, and din += its input gradient.
+ * The LoRA hooks may run on several threads at once, for different e. */
+typedef struct {
+    void *ctx;
+    void (*weights)(void *ctx, int e, const float **w1, const float **w3, const float **w2);
+    void (*lora_fwd)(void *ctx, int e, int p, const float *in, float *out, int m, int r0);
+    void (*lora_bwd)(void *ctx, int e, int p, const float *dout, const float *in, float *din, int m, int r0);
+} mf_moe_expert_ops;
+/* mf_moe_experts_forward / _backward with per-expert hooks (ops may be
+ * NULL: exactly the functions above). */
+int mf_moe_experts_forward_ops(float *y, mf_moe_acts *a, const float *x, const mf_moe_route *r, const float *w1,
+                               const float *w3, const float *w2, const mf_moe_dims *d, const mf_moe_expert_ops *ops);
+int mf_moe_experts_backward_ops(float *dx, float *dw1, float *dw3, float *dw2, mf_moe_work *w, const float *dy,
+                                const mf_moe_acts *a, const mf_moe_route *r, const float *w1, const float *w3,
+                                const float *w2, const mf_moe_dims *d, const mf_moe_expert_ops *ops);
 /* ==== end of mixture of experts ========================================== */
 
 #ifdef __cplusplus

@@ -43,10 +43,15 @@ typedef enum {
     MF_LORA_GATE_PROJ,    /* mlp.gate_proj: (C -> ffn) */
     MF_LORA_UP_PROJ,      /* mlp.up_proj: (C -> ffn) */
     MF_LORA_DOWN_PROJ,    /* mlp.down_proj: (ffn -> C) */
+    MF_LORA_W1,           /* block_sparse_moe.experts.{e}.w1: (C -> ffn), each expert (Mixtral) */
+    MF_LORA_W2,           /* block_sparse_moe.experts.{e}.w2: (ffn -> C) */
+    MF_LORA_W3,           /* block_sparse_moe.experts.{e}.w3: (C -> ffn) */
     MF_LORA_TARGETS
 } mf_lora_target;
 #define MF_LORA_GPT2_TARGETS 0x00Fu   /* bits of GPT-2's targets */
 #define MF_LORA_LLAMA_TARGETS 0x7F0u  /* bits of the Llama family's */
+#define MF_LORA_ATTN_TARGETS 0x0F0u   /* the Llama family's attention projections */
+#define MF_LORA_MOE_TARGETS 0x3800u   /* a mixture's experts (one adapter per expert, stacked in memfit) */
 
 typedef struct {
     int r;             /* rank; 0 = LoRA off */

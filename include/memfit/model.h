@@ -266,8 +266,9 @@ typedef struct {
      * forward's router losses (mean over layers), dropped slots, and the
      * aux/z losses' gradient scale for backward */
     int moe_work[MF_MOE_BUF_COUNT];
-    int moe_deq_f, moe_deq_b; /* a quantised frozen base (QLoRA): one layer's experts (w1|w3|w2 stacks)
+    int moe_deq_f, moe_deq_b; /* a quantised frozen base (QLoRA): one expert's w1|w3|w2 (3 x F x C)
                                * dequantised to fp32, in forward / backward layer phases, else -1 */
+    int moe_lora_u, moe_lora_du; /* adapters on the experts: (R, r) rows, each expert's group its slice, else -1 */
     int moe_capacity;
     int64_t moe_rows;
     double moe_aux, moe_z;

@@ -226,6 +226,19 @@ static int experts_parallel(int E) {
  * group of permuted rows; then y[n] = sum_j topk_w[n,j] * yp[row of slot]. */
 int mf_moe_experts_forward(float *y, mf_moe_acts *a, const float *x, const mf_moe_route *r, const float *w1,
                            const float *w3, const float *w2, const mf_moe_dims *d) {
+    return mf_moe_experts_forward_ops(y, a, x, r, w1, w3, w2, d, NULL);
+}
+
+/* expert e's three matrices: the stacks' slices, or the hook's */
+static void expert_mats(const mf_moe_expert_ops *ops, int e, const mf_moe_dims *d, const float *w1,
+                        const float *w3, const float *w2, const float **e1, const float **e3, const float **e2) {
+    if (ops && ops->weights) { ops->weights(ops->ctx, e, e1, e3, e2); return; }
+    const size_t wo = (size_t)e * d->F * d->C;
+    *e1 = w1 + wo, *e3 = w3 + wo, *e2 = w2 + wo;
+}
+
+int mf_moe_experts_forward_ops(float *y, mf_moe_acts *a, const float *x, const mf_moe_route *r, const float *w1,
+                               const float *w3, const float *w2, const mf_moe_dims *d, const mf_moe_expert_ops *ops) {
     if (moe_check(d)) return -1;
     const int N = d->N, C = d->C, F = d->F, E = d->E, k = d->k;
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_MOE_PAR_MIN)
@@ -234,18 +247,23 @@ int mf_moe_experts_forward(float *y, mf_moe_acts *a, const float *x, const mf_mo
             const int row = a->slot_row[(size_t)n * k + j];
             if (row >= 0) memcpy(a->xp + (size_t)row * C, x + (size_t)n * C, (size_t)C * sizeof(float));
         }
-    const int par = experts_parallel(E);
+    const int par = experts_parallel(E) && !(ops && ops->weights);
+    const int lora = ops && ops->lora_fwd;
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int e = 0; e < E; e++) {
         const int r0 = a->offsets[e], m = a->offsets[e + 1] - r0;
         if (m == 0) continue;
-        const float *xe = a->xp + (size_t)r0 * C;
-        const size_t wo = (size_t)e * F * C;
+        const float *xe = a->xp + (size_t)r0 * C, *e1, *e3, *e2;
+        expert_mats(ops, e, d, w1, w3, w2, &e1, &e3, &e2);
         float *h1 = a->h1 + (size_t)r0 * F, *h3 = a->h3 + (size_t)r0 * F, *ha = a->ha + (size_t)r0 * F;
-        mf_sgemm(0, 1, m, F, C, 1.0f, xe, C, w1 + wo, C, 0.0f, h1, F);
-        mf_sgemm(0, 1, m, F, C, 1.0f, xe, C, w3 + wo, C, 0.0f, h3, F);
+        float *ye = a->yp + (size_t)r0 * C;
+        mf_sgemm(0, 1, m, F, C, 1.0f, xe, C, e1, C, 0.0f, h1, F);
+        if (lora) ops->lora_fwd(ops->ctx, e, 0, xe, h1, m, r0);
+        mf_sgemm(0, 1, m, F, C, 1.0f, xe, C, e3, C, 0.0f, h3, F);
+        if (lora) ops->lora_fwd(ops->ctx, e, 1, xe, h3, m, r0);
         mf_swiglu_forward(ha, h1, h3, (size_t)m * F);
-        mf_sgemm(0, 1, m, C, F, 1.0f, ha, F, w2 + wo, F, 0.0f, a->yp + (size_t)r0 * C, C);
+        mf_sgemm(0, 1, m, C, F, 1.0f, ha, F, e2, F, 0.0f, ye, C);
+        if (lora) ops->lora_fwd(ops->ctx, e, 2, ha, ye, m, r0);
     }
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_MOE_PAR_MIN)
     for (int n = 0; n < N; n++) {
@@ -269,6 +287,12 @@ int mf_moe_experts_forward(float *y, mf_moe_acts *a, const float *x, const mf_mo
 int mf_moe_experts_backward(float *dx, float *dw1, float *dw3, float *dw2, mf_moe_work *w, const float *dy,
                             const mf_moe_acts *a, const mf_moe_route *r, const float *w1, const float *w3,
                             const float *w2, const mf_moe_dims *d) {
+    return mf_moe_experts_backward_ops(dx, dw1, dw3, dw2, w, dy, a, r, w1, w3, w2, d, NULL);
+}
+
+int mf_moe_experts_backward_ops(float *dx, float *dw1, float *dw3, float *dw2, mf_moe_work *w, const float *dy,
+                                const mf_moe_acts *a, const mf_moe_route *r, const float *w1, const float *w3,
+                                const float *w2, const mf_moe_dims *d, const mf_moe_expert_ops *ops) {
     if (moe_check(d)) return -1;
     const int N = d->N, C = d->C, F = d->F, E = d->E, k = d->k;
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_MOE_PAR_MIN)
@@ -288,15 +312,19 @@ int mf_moe_experts_backward(float *dx, float *dw1, float *dw3, float *dw2, mf_mo
             w->dtopk_w[s] = (float)dot;
         }
     }
-    const int par = experts_parallel(E);
+    const int par = experts_parallel(E) && !(ops && ops->weights);
+    const int lora = ops && ops->lora_bwd;
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int e = 0; e < E; e++) {
         const int r0 = a->offsets[e], m = a->offsets[e + 1] - r0;
         if (m == 0) continue;
         const size_t wo = (size_t)e * F * C;
         const float *xe = a->xp + (size_t)r0 * C, *h1 = a->h1 + (size_t)r0 * F, *h3 = a->h3 + (size_t)r0 * F;
+        const float *e1, *e3, *e2;
+        expert_mats(ops, e, d, w1, w3, w2, &e1, &e3, &e2);
         float *dyp = w->dyp + (size_t)r0 * C, *dh1 = w->dh1 + (size_t)r0 * F, *dh3 = w->dh3 + (size_t)r0 * F;
-        mf_sgemm(0, 0, m, F, C, 1.0f, dyp, C, w2 + wo, F, 0.0f, dh1, F); /* dha, in dh1 */
+        mf_sgemm(0, 0, m, F, C, 1.0f, dyp, C, e2, F, 0.0f, dh1, F); /* dha, in dh1 */
+        if (lora) ops->lora_bwd(ops->ctx, e, 2, dyp, a->ha + (size_t)r0 * F, dh1, m, r0);
         if (dw2) mf_sgemm(1, 0, C, F, m, 1.0f, dyp, C, a->ha + (size_t)r0 * F, F, 1.0f, dw2 + wo, F);
         /* SwiGLU backward in place over dha (mf_swiglu_backward's
          * formula; its contract does not let dgate alias dout) */
@@ -312,8 +340,12 @@ int mf_moe_experts_backward(float *dx, float *dw1, float *dw3, float *dw2, mf_mo
             mf_sgemm(1, 0, F, C, m, 1.0f, dh1, F, xe, C, 1.0f, dw1 + wo, C);
             mf_sgemm(1, 0, F, C, m, 1.0f, dh3, F, xe, C, 1.0f, dw3 + wo, C);
         }
-        mf_sgemm(0, 0, m, C, F, 1.0f, dh1, F, w1 + wo, C, 0.0f, dyp, C);
-        mf_sgemm(0, 0, m, C, F, 1.0f, dh3, F, w3 + wo, C, 1.0f, dyp, C);
+        mf_sgemm(0, 0, m, C, F, 1.0f, dh1, F, e1, C, 0.0f, dyp, C);
+        mf_sgemm(0, 0, m, C, F, 1.0f, dh3, F, e3, C, 1.0f, dyp, C);
+        if (lora) {
+            ops->lora_bwd(ops->ctx, e, 0, dh1, xe, dyp, m, r0);
+            ops->lora_bwd(ops->ctx, e, 1, dh3, xe, dyp, m, r0);
+        }
     }
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_MOE_PAR_MIN)
     for (int n = 0; n < N; n++) {

@@ -10,10 +10,11 @@
 
 static const char *const target_names[MF_LORA_TARGETS] = {
     "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "q_proj", "k_proj", "v_proj", "o_proj",
-    "gate_proj", "up_proj", "down_proj"};
+    "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"};
 static const char *const target_paths[MF_LORA_TARGETS] = {
     "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "self_attn.q_proj", "self_attn.k_proj",
-    "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+    "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+    "block_sparse_moe.experts.w1", "block_sparse_moe.experts.w2", "block_sparse_moe.experts.w3"};
 
 const char *mf_lora_target_name(int k) { return k >= 0 && k < MF_LORA_TARGETS ? target_names[k] : "?"; }
 const char *mf_lora_target_path(int k) { return k >= 0 && k < MF_LORA_TARGETS ? target_paths[k] : "?"; }
@@ -75,7 +76,8 @@ int mf_lora_parse(const char *s, mf_lora_cfg *out) {
             int k = target_index(t, tl);
             if (k < 0)
                 return mf_fail("lora '%s': unknown target '%.*s' (GPT-2: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj; "
-                               "Llama family: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)",
+                               "Llama family: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; "
+                               "Mixtral's experts: w1, w2, w3)",
                                s, (int)tl, t);
             if (out->targets >> k & 1) return mf_fail("lora '%s': target '%.*s' given twice", s, (int)tl, t);
             out->targets |= 1u << k;

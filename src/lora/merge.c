@@ -1,7 +1,8 @@
 /* adapter_config.json reading, and memfit merge: folding an adapter into
  * (or out of) a model file's weights, as PEFT's merge_and_unload does for
  * GPT-2's Conv1D (fan_in_fan_out): W (in, out) += (alpha/r) * (B @ A)^T;
- * a Llama's nn.Linear: W (out, in) += (alpha/r) * B @ A. */
+ * a Llama's nn.Linear: W (out, in) += (alpha/r) * B @ A; a Mixtral expert's
+ * w1/w2/w3 likewise, under HF's per-expert names (experts.{e}.w1.weight). */
 #include "io/io.h"
 #include "memfit/lora.h"
 
@@ -56,7 +57,8 @@ int mf_lora_read_config(const char *dir, mf_lora_cfg *out, int *fan_in_fan_out) 
             int k = -1;
             for (int q = 0; cJSON_IsString(it) && q < MF_LORA_TARGETS; q++)
                 if (strcmp(it->valuestring, mf_lora_target_name(q)) == 0) k = q;
-            if (k < 0) { rc = mf_fail("%s: target module '%s' is not one of attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj",
+            if (k < 0) { rc = mf_fail("%s: target module '%s' is not one memfit knows (GPT-2's attn.c_attn, attn.c_proj, "
+                                      "mlp.c_fc, mlp.c_proj; Llama's q/k/v/o_proj, gate/up/down_proj; Mixtral's w1, w2, w3)",
                                       path, cJSON_IsString(it) ? it->valuestring : "?"); break; }
             out->targets |= 1u << k, out->targets_given = 1;
         }
@@ -81,6 +83,15 @@ static int adapter_names(const char *name, char *a, char *b, size_t n) {
     size_t rl = strlen(rest);
     if (rl < 8 || strcmp(rest + rl - 7, ".weight") != 0) return 0;
     rest[rl - 7] = 0;
+    /* a Mixtral expert's w1/w2/w3 (HF's per-expert names; PEFT's adapter
+     * names are the module's) */
+    int ex, w, ee = 0;
+    if (llama && sscanf(rest, "block_sparse_moe.experts.%d.w%d%n", &ex, &w, &ee) == 2 && rest[ee] == 0 && ex >= 0 &&
+        w >= 1 && w <= 3) {
+        snprintf(a, n, "base_model.model.model.layers.%d.%s.lora_A.weight", l, rest);
+        snprintf(b, n, "base_model.model.model.layers.%d.%s.lora_B.weight", l, rest);
+        return 2;
+    }
     for (int k = 0; k < MF_LORA_TARGETS; k++)
         if (strcmp(rest, mf_lora_target_path(k)) == 0 && (k >= MF_LORA_Q_PROJ) == llama) {
             const char *pre = llama ? "base_model.model.model.layers" : PEFT_PREFIX "h";
@@ -96,7 +107,7 @@ int mf_lora_merge_file(const char *model_path, const char *adapter_dir, const ch
     int fifo = 0;
     if (mf_lora_read_config(adapter_dir, &cfg, &fifo)) return -1;
     /* GPT-2's Conv1D weights are (in, out): fan_in_fan_out; a Llama's nn.Linear (out, in): not */
-    int want_fifo = !(cfg.targets & MF_LORA_LLAMA_TARGETS);
+    int want_fifo = !(cfg.targets & (MF_LORA_LLAMA_TARGETS | MF_LORA_MOE_TARGETS));
     if (fifo != want_fifo)
         return mf_fail("%s/adapter_config.json: fan_in_fan_out is %s, but its targets are %s modules (%s)", adapter_dir,
                        fifo ? "true" : "false", want_fifo ? "GPT-2" : "Llama-family",

@@ -2,6 +2,8 @@
  * writes): adapter_model.safetensors with the names
  *   GPT-2: base_model.model.transformer.h.{i}.<target>.lora_A.weight
  *   Llama: base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight
+ *   Mixtral's experts: base_model.model.model.layers.{i}.block_sparse_moe.experts.{e}.w1.lora_A.weight
+ *     (memfit stacks the E experts' adapters in one tensor; the file has one per expert)
  * (r, in) and ...lora_B.weight (out, r), fp32, and adapter_config.json
  * (fan_in_fan_out true for GPT-2's Conv1D, false for nn.Linear). */
 #include "io/io.h"
@@ -19,19 +21,42 @@ static const char *peft_prefix(const mf_model *m) {
     return m->d.arch == MF_ARCH_LLAMA ? "base_model.model." : "base_model.model.transformer.";
 }
 
+/* The adapter's tensors as the file holds them: one entry per adapter
+ * matrix, an expert target's stack (E*r, in) / (E*out, r) split into PEFT's
+ * per-expert ...experts.{e}.w1.lora_A.weight (r, in) etc.; data points into
+ * the arena row's slice. NULL (message) when out of memory. */
+static mf_st_entry *adapter_entries(const mf_model *m, const mf_arena *a, char (**names)[160], int *count) {
+    int n = 0, nt = m->n_tensors - m->lora_first;
+    for (int i = 0; i < nt; i++) n += strstr(m->tensors[m->lora_first + i].name, ".experts.") ? m->d.n_experts : 1;
+    mf_st_entry *e = calloc((size_t)n, sizeof *e);
+    *names = calloc((size_t)n, sizeof **names);
+    if (!e || !*names) { free(e); free(*names); *names = NULL; mf_fail("out of memory for the adapter's tensors"); return NULL; }
+    int j = 0;
+    for (int i = 0; i < nt; i++) {
+        const mf_tensor *t = &m->tensors[m->lora_first + i];
+        const char *ex = strstr(t->name, ".experts.");
+        int ne = ex ? m->d.n_experts : 1;
+        int64_t rows = t->shape[0] / ne;
+        for (int x = 0; x < ne; x++, j++) {
+            if (ex) snprintf((*names)[j], sizeof (*names)[j], "%s%.*s.experts.%d.%s", peft_prefix(m), (int)(ex - t->name),
+                             t->name, x, ex + 9);
+            else snprintf((*names)[j], sizeof (*names)[j], "%s%s", peft_prefix(m), t->name);
+            e[j] = (mf_st_entry){.name = (*names)[j], .dtype = MF_DTYPE_F32, .ndim = 2, .shape = {rows, t->shape[1]},
+                                 .data = (float *)mf_arena_ptr(a, t->p) + (size_t)x * rows * t->shape[1],
+                                 .nbytes = (size_t)(rows * t->shape[1]) * sizeof(float)};
+        }
+    }
+    *count = n;
+    return e;
+}
+
 int mf_lora_save_adapter(const mf_model *m, const mf_arena *a, const char *dir, const char *base_name) {
     if (m->lora.r <= 0) return mf_fail("save_adapter: this model has no LoRA adapters");
     if (mkdir(dir, 0755) && errno != EEXIST) return mf_fail("cannot create adapter folder %s: %s", dir, strerror(errno));
-    int n = m->n_tensors - m->lora_first;
-    mf_st_entry *e = calloc((size_t)n, sizeof *e);
-    char (*names)[128] = calloc((size_t)n, sizeof *names);
-    if (!e || !names) { free(e); free(names); return mf_fail("out of memory writing the adapter"); }
-    for (int i = 0; i < n; i++) {
-        const mf_tensor *t = &m->tensors[m->lora_first + i];
-        snprintf(names[i], sizeof names[i], "%s%s", peft_prefix(m), t->name);
-        e[i] = (mf_st_entry){.name = names[i], .dtype = MF_DTYPE_F32, .ndim = 2, .shape = {t->shape[0], t->shape[1]},
-                             .data = mf_arena_ptr(a, t->p), .nbytes = (size_t)t->numel * sizeof(float)};
-    }
+    int n;
+    char (*names)[160];
+    mf_st_entry *e = adapter_entries(m, a, &names, &n);
+    if (!e) return -1;
     char path[MF_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     const char *mk[] = {"format"}, *mv[] = {"pt"};
@@ -77,34 +102,34 @@ int mf_lora_load_adapter(mf_model *m, mf_arena *a, const char *dir) {
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     mf_st_file f;
     if (mf_st_open(&f, path)) return -1;
-    int rc = 0, n = m->n_tensors - m->lora_first;
+    int n;
+    char (*names)[160];
+    mf_st_entry *e = adapter_entries(m, a, &names, &n);
+    if (!e) { mf_st_close(&f); return -1; }
+    int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
-        const mf_tensor *t = &m->tensors[m->lora_first + i];
-        char nm[128];
-        snprintf(nm, sizeof nm, "%s%s", peft_prefix(m), t->name);
+        const char *nm = e[i].name;
         const mf_st_tensor *s = mf_st_find(&f, nm);
         if (!s) {
             rc = mf_fail("%s: no tensor '%s' (the adapter's layers or targets differ from this --lora setting)", path, nm);
             break;
         }
         if (s->dtype != MF_DTYPE_F32) rc = mf_fail("%s: '%s' is %s, expected F32", path, nm, mf_dtype_name(s->dtype));
-        else if (s->ndim != 2 || s->shape[0] != t->shape[0] || s->shape[1] != t->shape[1])
+        else if (s->ndim != 2 || s->shape[0] != e[i].shape[0] || s->shape[1] != e[i].shape[1])
             rc = mf_fail("%s: '%s' has shape [%lld, %lld], this run expects [%lld, %lld] (r %d)", path, nm,
-                         (long long)s->shape[0], (long long)(s->ndim > 1 ? s->shape[1] : 0), (long long)t->shape[0],
-                         (long long)t->shape[1], m->lora.r);
+                         (long long)s->shape[0], (long long)(s->ndim > 1 ? s->shape[1] : 0), (long long)e[i].shape[0],
+                         (long long)e[i].shape[1], m->lora.r);
         else if (!(rc = mf_st_stream(&f, s, NULL, NULL)))  /* checksum, finite values */
-            memcpy(mf_arena_ptr(a, t->p), s->data, s->nbytes);
+            memcpy((void *)e[i].data, s->data, s->nbytes);
     }
     /* anything else in the file is an adapter this model would silently ignore */
     for (int j = 0; j < f.n && !rc; j++) {
         int known = 0;
-        for (int i = 0; i < n && !known; i++) {
-            char nm[128];
-            snprintf(nm, sizeof nm, "%s%s", peft_prefix(m), m->tensors[m->lora_first + i].name);
-            known = strcmp(nm, f.tensors[j].name) == 0;
-        }
+        for (int i = 0; i < n && !known; i++) known = strcmp(e[i].name, f.tensors[j].name) == 0;
         if (!known) rc = mf_fail("%s: unexpected tensor '%s' (not an adapter of this --lora setting)", path, f.tensors[j].name);
     }
+    free(e);
+    free(names);
     mf_st_close(&f);
     return rc;
 }

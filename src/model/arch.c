@@ -299,6 +299,10 @@ void mf_model_lora_dims(const mf_dims *d, int k, int *in, int *out) {
     case MF_LORA_GATE_PROJ:
     case MF_LORA_UP_PROJ: *in = d->C, *out = d->ffn; break;
     case MF_LORA_DOWN_PROJ: *in = d->ffn, *out = d->C; break;
+    /* one expert's (the adapter tensors stack E of them) */
+    case MF_LORA_W1:
+    case MF_LORA_W3: *in = d->C, *out = d->ffn; break;
+    case MF_LORA_W2: *in = d->ffn, *out = d->C; break;
     default: mf_lora_target_dims(k, d->C, in, out);
     }
 }
@@ -321,7 +325,8 @@ static const mf_block_desc llama_block = {
     .lora = {-1, MF_LORA_Q_PROJ, -1, MF_LORA_K_PROJ, -1, MF_LORA_V_PROJ, -1, MF_LORA_O_PROJ, -1, MF_LORA_GATE_PROJ,
              MF_LORA_UP_PROJ, MF_LORA_DOWN_PROJ, -1, -1, -1, -1, -1, -1, -1, -1, -1}};
 /* Mixtral: the Llama block with a routed mixture of SwiGLU experts as its
- * MLP (moe_block.c); adapters on the attention projections only */
+ * MLP (moe_block.c); adapters on the attention projections here, on the
+ * experts (w1, w2, w3) through the experts' hooks (moe_lora.c) */
 static const mf_block_desc moe_block = {
     .norm = MF_NORM_RMSNORM, .learned_pos = 0, .rope = 1, .mlp = MF_MLP_MOE, .w_in_out = 0, .proj_bias = 0,
     .fused_fp32 = 0, .bf16_frozen_embed = 1,

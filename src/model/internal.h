@@ -57,6 +57,22 @@ void mf_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompu
 void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2,
                           const float *xmid, float *out, int N, int recompute);
 void mf_moe_block_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2, int N);
+/* Layer l's experts for the kernels (moe_lora.c): fp32 stacks into w1, w3,
+ * w2, or (quantised base) NULLs and a hook that dequantises one expert at a
+ * time into the phase's work.moe.dequant row; LoRA hooks when the experts
+ * have adapters. Returns ops, or NULL when no hook is needed. c holds the
+ * hooks' state (alive while the kernels run). */
+typedef struct {
+    mf_model *m;
+    mf_arena *a;
+    int l;
+    float *tile;  /* (3,F,C) one expert's w1|w3|w2 dequantised, or NULL */
+    int ids[3];   /* tensor indices of w1, w3, w2 */
+    int lora[3];  /* lora_A tensor index of w1, w3, w2's adapters, or -1 */
+} mf_moe_expert_ctx;
+const mf_moe_expert_ops *mf_moe_expert_setup(mf_model *m, mf_arena *a, int l, mf_moe_expert_ctx *c,
+                                             mf_moe_expert_ops *ops, const float **w1, const float **w3,
+                                             const float **w2);
 void mf_block_backward(mf_model *m, mf_arena *a, int l, int B, int T);
 void mf_model_rope_fill(mf_model *m, mf_arena *a, int T);
 /* The embedding block (res[0] from the inputs; rope table) and its

@@ -16,7 +16,6 @@
 #include "internal.h"
 
 #include "memfit/kernels.h"
-#include "quant/quant.h"
 
 #include <string.h>
 
@@ -46,32 +45,15 @@ static mf_moe_acts acts_of(mf_arena *a, const mf_layer_acts *A) {
     return x;
 }
 
-/* Layer l's expert stacks as fp32: the parameter rows, or under a
- * quantised frozen base (QLoRA) the three stacks dequantised into the
- * phase's work.moe.dequant row (backward's rebuild and backward share it) */
-static void expert_weights(mf_model *m, mf_arena *a, int l, const float **w1, const float **w3, const float **w2) {
-    int i1 = LT_I(l, MF_LT_W1), i3 = LT_I(l, MF_LT_W3), i2 = LT_I(l, MF_LT_W2);
-    const mf_tensor *t1 = &m->tensors[i1];
-    if (!t1->qkind) {
-        *w1 = mf_model_tensor_p(m, a, i1), *w3 = mf_model_tensor_p(m, a, i3), *w2 = mf_model_tensor_p(m, a, i2);
-        return;
-    }
-    int bwd = m->mode == MF_MODE_TRAIN && a->phase >= mf_phase_head_bwd(m);
-    float *deq = BUF(bwd ? m->moe_deq_b : m->moe_deq_f);
-    int64_t n = t1->numel;  /* E*F*C, the same for all three */
-    const int ids[3] = {i1, i3, i2};
-    for (int k = 0; k < 3; k++)
-        mf_quant_unpack((mf_quant_kind)m->tensors[ids[k]].qkind, deq + k * n, mf_model_tensor_p(m, a, ids[k]), 0, n);
-    *w1 = deq, *w3 = deq + n, *w2 = deq + 2 * n;
-}
-
 void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2,
                           const float *xmid, float *out, int N, int recompute) {
     mf_moe_dims d = moe_dims(m, N);
     mf_moe_route r = route_of(a, A);
     mf_moe_acts x = acts_of(a, A);
     const float *wg = mf_model_tensor_p(m, a, LT_I(l, MF_LT_ROUTER)), *w1, *w3, *w2;
-    expert_weights(m, a, l, &w1, &w3, &w2);
+    mf_moe_expert_ctx ec;
+    mf_moe_expert_ops eo;
+    const mf_moe_expert_ops *ops = mf_moe_expert_setup(m, a, l, &ec, &eo, &w1, &w3, &w2);
     int dropped = 0;
     if (!recompute) {
         /* route once; a rebuild reads the kept decision (topk_idx, topk_w) */
@@ -84,7 +66,7 @@ void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *
     /* a rebuild whose output row is not alive writes y into work.dln (free
      * until this layer's backward starts) */
     float *y = out ? out : BUF(m->dln);
-    if (mf_moe_experts_forward(y, &x, ln2, &r, w1, w3, w2, &d)) mf_panic("moe: %s", mf_error());
+    if (mf_moe_experts_forward_ops(y, &x, ln2, &r, w1, w3, w2, &d, ops)) mf_panic("moe: %s", mf_error());
     if (!out) return;
     size_t n = (size_t)N * m->d.C;
 #pragma omp parallel for simd schedule(static)
@@ -99,15 +81,15 @@ void mf_moe_block_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts 
                      BUF(m->moe_work[MF_MOE_BUF_DYP]), BUF(m->moe_work[MF_MOE_BUF_DH1]),
                      BUF(m->moe_work[MF_MOE_BUF_DH3])};
     const float *wg = mf_model_tensor_p(m, a, LT_I(l, MF_LT_ROUTER)), *w1, *w3, *w2;
-    /* (a rebuild in this phase already dequantised them; again is cheaper
-     * than tracking it) */
-    expert_weights(m, a, l, &w1, &w3, &w2);
+    mf_moe_expert_ctx ec;
+    mf_moe_expert_ops eo;
+    const mf_moe_expert_ops *ops = mf_moe_expert_setup(m, a, l, &ec, &eo, &w1, &w3, &w2);
     float *dwg = mf_model_tensor_g(m, a, LT_I(l, MF_LT_ROUTER));
     float *dw1 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W1)), *dw3 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W3));
     float *dw2 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W2));
     float *dln = BUF(m->dln), *dres = BUF(m->dres);
     memset(dln, 0, (size_t)N * m->d.C * sizeof(float));
-    if (mf_moe_experts_backward(dln, dw1, dw3, dw2, &w, dres, &x, &r, w1, w3, w2, &d) ||
+    if (mf_moe_experts_backward_ops(dln, dw1, dw3, dw2, &w, dres, &x, &r, w1, w3, w2, &d, ops) ||
         mf_moe_router_backward(dln, dwg, &w, &r, ln2, wg, m->d.aux_coef * m->moe_gscale / m->d.L,
                                m->d.z_coef * m->moe_gscale / m->d.L, &d))
         mf_panic("moe: %s", mf_error());

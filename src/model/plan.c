@@ -532,15 +532,22 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (lora && lora->r > 0) {
         /* each family's own modules; without targets= PEFT's defaults
          * (GPT-2: c_attn; Llama: q_proj, v_proj) */
-        unsigned own = llama ? MF_LORA_LLAMA_TARGETS : MF_LORA_GPT2_TARGETS;
+        int moe = bd->mlp == MF_MLP_MOE;
+        unsigned own = moe ? MF_LORA_ATTN_TARGETS | MF_LORA_MOE_TARGETS
+                           : llama ? MF_LORA_LLAMA_TARGETS : MF_LORA_GPT2_TARGETS;
         if (!m->lora.targets_given && llama) m->lora.targets = 1u << MF_LORA_Q_PROJ | 1u << MF_LORA_V_PROJ;
         if (m->lora.targets & ~own) {
             char tg[160];
             return mf_fail("lora: targets %s are not modules of a %s model (its targets: %s)",
-                           mf_lora_targets_str(&m->lora, tg, sizeof tg), llama ? "Llama-family" : "GPT-2",
-                           llama ? "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
-                                 : "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj");
+                           mf_lora_targets_str(&m->lora, tg, sizeof tg),
+                           moe ? "mixture-of-experts" : llama ? "Llama-family" : "GPT-2",
+                           moe ? "q_proj, k_proj, v_proj, o_proj, w1, w2, w3"
+                               : llama ? "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
+                                       : "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj");
         }
+        if (m->lora.targets & MF_LORA_MOE_TARGETS && m->lora.dropout > 0)
+            return mf_fail("lora: dropout %g with adapters on the experts (w1, w2, w3) is not supported yet; use "
+                           "dropout=0 or attention targets only", (double)m->lora.dropout);
     }
     m->lora_u = m->lora_du = m->lora_xf = m->lora_xb = m->qscr_f = m->qscr_b = -1;
     m->comm = -1;
@@ -610,10 +617,13 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             char nm[96];
             const char *pre = llama ? "model.layers" : "h";
             mf_model_lora_dims(d, k, &in, &out);
+            /* an expert target's adapters stack the E experts' (expert
+             * after expert, as the base stacks are): A (E*r, in), B (E*out, r) */
+            int64_t ne = MF_LORA_MOE_TARGETS >> k & 1 ? d->n_experts : 1;
             snprintf(nm, sizeof nm, "%s.%d.%s.lora_A.weight", pre, l, mf_lora_target_path(k));
-            add_tensor(m, &ad, nm, l, 2, r, in, r, 1);
+            add_tensor(m, &ad, nm, l, 2, ne * r, in, ne * r, 1);
             snprintf(nm, sizeof nm, "%s.%d.%s.lora_B.weight", pre, l, mf_lora_target_path(k));
-            add_tensor(m, &ad, nm, l, 2, out, r, out, 1);
+            add_tensor(m, &ad, nm, l, 2, ne * out, r, ne * out, 1);
         }
 
     /* loader buffers */
@@ -664,7 +674,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
      * for N tokens and the run's capacity factor */
     size_t moe_bytes[MF_MOE_BUF_COUNT];
     for (int b = 0; b < MF_MOE_BUF_COUNT; b++) m->moe_work[b] = -1;
-    m->moe_deq_f = m->moe_deq_b = -1;
+    m->moe_deq_f = m->moe_deq_b = m->moe_lora_u = m->moe_lora_du = -1;
     m->moe_capacity = 0, m->moe_rows = 0;
     if (bd->mlp == MF_MLP_MOE &&
         (mf_moe_buffer_sizes(moe_bytes, &m->moe_rows, NULL, (int)N, d->top_k, d->n_experts, (int)C, (int)I,
@@ -797,8 +807,20 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             mf_model_lora_dims(d, k, &in, &out);
             if (m->lora.targets >> k & 1 && in > win) win = in;
         }
-        m->lora_u = add(&ad, "work.lora_u", MF_CAT_WORK, MF_DTYPE_F32, 2, N, m->lora.r, 0, 0, f0, b1, -1);
-        if (train) m->lora_du = add(&ad, "work.lora_du", MF_CAT_WORK, MF_DTYPE_F32, 2, N, m->lora.r, 0, 0, b0, b1, -1);
+        if (m->lora.targets & ~MF_LORA_MOE_TARGETS) {  /* the block's own projections */
+            m->lora_u = add(&ad, "work.lora_u", MF_CAT_WORK, MF_DTYPE_F32, 2, N, m->lora.r, 0, 0, f0, b1, -1);
+            if (train) m->lora_du = add(&ad, "work.lora_du", MF_CAT_WORK, MF_DTYPE_F32, 2, N, m->lora.r, 0, 0, b0, b1, -1);
+        }
+        if (m->lora.targets & MF_LORA_MOE_TARGETS) {
+            /* the experts' adapters: the low-rank product of every permuted
+             * row (each expert's group its slice, so experts running at once
+             * do not share rows); rebuilt in backward, so no activation rows */
+            m->moe_lora_u = add(&ad, "work.moe.lora_u", MF_CAT_WORK, MF_DTYPE_F32, 2, m->moe_rows, m->lora.r, 0, 0, f0,
+                                b1, -1);
+            if (train)
+                m->moe_lora_du = add(&ad, "work.moe.lora_du", MF_CAT_WORK, MF_DTYPE_F32, 2, m->moe_rows, m->lora.r, 0, 0,
+                                     b0, b1, -1);
+        }
         if (train && m->lora.dropout > 0) {
             m->lora_xf = add(&ad, "work.lora_drop.fwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, f0, f1, -1);
             m->lora_xb = add(&ad, "work.lora_drop.bwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, b0, b1, -1);
@@ -822,9 +844,11 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                         bd->bf16_frozen_embed ? mf_phase_head_fwd(m) : mf_phase_layer_fwd(m, L - 1), -1);
     }
     if (bd->mlp == MF_MLP_MOE && m->lora.base && m->lora.r > 0) {
-        /* quantised experts: one layer's three stacks dequantised to fp32
-         * for the kernels, a row for forward phases and one for backward */
-        int64_t n = 3 * (int64_t)d->n_experts * I * C;
+        /* quantised experts: one expert's three matrices dequantised to
+         * fp32 at a time for the kernels (mf_moe_expert_ops.weights; the
+         * experts then run one after another), a row for forward phases and
+         * one for backward */
+        int64_t n = 3 * I * C;
         int f0 = mf_phase_layer_fwd(m, 0), f1 = mf_phase_layer_fwd(m, L - 1);
         m->moe_deq_f = add(&ad, "work.moe.dequant.fwd", MF_CAT_WORK, MF_DTYPE_F32, 1, n, 0, 0, 0, f0, f1, -1);
         if (train)

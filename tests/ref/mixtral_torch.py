@@ -32,6 +32,13 @@ stacked expert after expert under memfit's names
 model.layers.{i}.block_sparse_moe.experts.w1.weight (E*F,C) ...), the
 losses of --steps AdamW steps (torch.optim.AdamW, clip_grad_norm_) and the
 final weights; ref.json has the losses and the dropped slot counts.
+With --lora_r R the base is frozen and PEFT-style adapters (LoraLinear:
+base(x) + alpha/r * lora_B(lora_A(x)), no dropout, lora_B non-zero) sit on
+--lora_targets (the experts' w1,w2,w3 and/or q_proj..o_proj); adapter/
+holds them as PeftModel.save_pretrained writes them (per expert:
+base_model.model.model.layers.{i}.block_sparse_moe.experts.{e}.w1.lora_A.weight),
+and the gradients and final weights are the adapters' only, stacked expert
+after expert under memfit's names (...experts.w1.lora_A.weight (E*r, in)).
 """
 import argparse
 import json
@@ -175,6 +182,74 @@ def stacked(model, sd_like, prefix):
     return out
 
 
+class LoraLinear(nn.Module):
+    """PEFT's lora.Linear without dropout: base(x) + (alpha/r) * lora_B(lora_A(x)); the base is frozen."""
+
+    def __init__(self, base, r, alpha):
+        super().__init__()
+        self.base, self.scale = base, alpha / r
+        self.lora_A = nn.Linear(base.in_features, r, bias=False)
+        self.lora_B = nn.Linear(r, base.out_features, bias=False)
+        with torch.no_grad():
+            bound = 1.0 / math.sqrt(base.in_features)  # PEFT: kaiming_uniform_(a=sqrt(5))
+            self.lora_A.weight.uniform_(-bound, bound)
+            self.lora_B.weight.normal_(0.0, 0.05)  # PEFT starts at 0; non-zero so dA and the forward term count
+
+    def forward(self, x):
+        return self.base(x) + self.scale * self.lora_B(self.lora_A(x))
+
+
+EXPERT_TARGETS = ("w1", "w2", "w3")
+
+
+def add_lora(model, r, alpha, targets):
+    """Wraps the targeted modules (PEFT target_modules names); returns {PEFT adapter name: tensor} and
+    {memfit name: tensor} functions of the current adapter weights or gradients."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for i, layer in enumerate(model.model.layers):
+        for t in targets:
+            if t in EXPERT_TARGETS:
+                for ex in layer.block_sparse_moe.experts:
+                    setattr(ex, t, LoraLinear(getattr(ex, t), r, alpha))
+            else:
+                setattr(layer.self_attn, t, LoraLinear(getattr(layer.self_attn, t), r, alpha))
+
+    def peft(get):
+        out = {}
+        for i, layer in enumerate(model.model.layers):
+            for t in targets:
+                if t in EXPERT_TARGETS:
+                    for e, ex in enumerate(layer.block_sparse_moe.experts):
+                        m = getattr(ex, t)
+                        for ab in ("lora_A", "lora_B"):
+                            out["base_model.model.model.layers.%d.block_sparse_moe.experts.%d.%s.%s.weight"
+                                % (i, e, t, ab)] = get(getattr(m, ab).weight).contiguous()
+                else:
+                    m = getattr(layer.self_attn, t)
+                    for ab in ("lora_A", "lora_B"):
+                        out["base_model.model.model.layers.%d.self_attn.%s.%s.weight" % (i, t, ab)] = \
+                            get(getattr(m, ab).weight).contiguous()
+        return out
+
+    def memfit(get, prefix):
+        """memfit's names: an expert target's adapters stacked expert after expert, (E*r, in) and (E*out, r)."""
+        out = {}
+        for i, layer in enumerate(model.model.layers):
+            for t in targets:
+                for ab in ("lora_A", "lora_B"):
+                    if t in EXPERT_TARGETS:
+                        parts = [get(getattr(getattr(ex, t), ab).weight) for ex in layer.block_sparse_moe.experts]
+                        out["%smodel.layers.%d.block_sparse_moe.experts.%s.%s.weight" % (prefix, i, t, ab)] = \
+                            torch.cat(parts, 0).contiguous()
+                    else:
+                        out["%smodel.layers.%d.self_attn.%s.%s.weight" % (prefix, i, t, ab)] = \
+                            get(getattr(getattr(layer.self_attn, t), ab).weight).contiguous()
+        return out
+
+    return peft, memfit
+
+
 def cmd_make_case(a):
     lt.set_deterministic(1)
     cfg = lt.Cfg(arch="mistral", layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads,
@@ -200,13 +275,29 @@ def cmd_make_case(a):
     sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     lt.save_safetensors(os.path.join(a.out, "hf", "model.safetensors"), sd, {"format": "pt"})
     lt.save_safetensors(os.path.join(a.out, "batch.safetensors"), {"inputs": inputs, "targets": targets})
+    lora = None
+    if a.lora_r > 0:
+        # LoRA on a frozen base (PEFT semantics): the adapter as PeftModel.save_pretrained writes it
+        targets_ = a.lora_targets.split(",")
+        torch.manual_seed(a.seed + 1000)
+        lora = add_lora(model, a.lora_r, a.lora_alpha, targets_)
+        os.makedirs(os.path.join(a.out, "adapter"), exist_ok=True)
+        lt.save_safetensors(os.path.join(a.out, "adapter", "adapter_model.safetensors"),
+                            lora[0](lambda w: w.detach()), {"format": "pt"})
+        with open(os.path.join(a.out, "adapter", "adapter_config.json"), "w") as f:
+            json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": a.lora_r, "lora_alpha": a.lora_alpha,
+                       "lora_dropout": 0.0, "target_modules": targets_, "fan_in_fan_out": False, "bias": "none"},
+                      f, indent=2)
 
     model.zero_grad(set_to_none=True)
     logits, loss = model(inputs, targets)
     loss.backward()
     st0 = model.last_stats
-    grads = {"grad." + n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    grads.update(stacked(model, grads, "grad."))
+    if lora:
+        grads = lora[1](lambda w: w.grad.detach().clone(), "grad.")
+    else:
+        grads = {"grad." + n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        grads.update(stacked(model, grads, "grad."))
     model.zero_grad(set_to_none=True)
     aux0 = float(torch.stack(st0["aux"]).mean()), float(torch.stack(st0["z"]).mean())
     dropped0 = st0["dropped"]
@@ -218,8 +309,11 @@ def cmd_make_case(a):
         dropped.append(model.last_stats["dropped"])
     ref = {"logits": logits.detach().reshape(-1, cfg.vocab), "loss": torch.tensor([loss.item()])}
     ref.update(grads)
-    fin = {"final." + n: p.detach() for n, p in model.named_parameters()}
-    fin.update(stacked(model, fin, "final."))
+    if lora:
+        fin = lora[1](lambda w: w.detach(), "final.")
+    else:
+        fin = {"final." + n: p.detach() for n, p in model.named_parameters()}
+        fin.update(stacked(model, fin, "final."))
     ref.update(fin)
     lt.save_safetensors(os.path.join(a.out, "ref.safetensors"), ref, {"loss": repr(loss.item())})
     with open(os.path.join(a.out, "ref.json"), "w") as f:
@@ -236,12 +330,13 @@ def main(argv=None):
     m.add_argument("--out", required=True)
     for k, v in (("layers", 2), ("hidden", 64), ("heads", 8), ("kv_heads", 2), ("head_dim", 8), ("inter", 48),
                  ("vocab", 256), ("max_pos", 256), ("experts", 4), ("top_k", 2), ("seq", 24), ("batch", 2),
-                 ("steps", 10), ("seed", 1)):
+                 ("steps", 10), ("seed", 1), ("lora_r", 0)):
         m.add_argument("--" + k, type=int, default=v)
     for k, v in (("rope_theta", 1e6), ("aux_coef", 0.02), ("z_coef", 0.0), ("capacity_factor", 0.0),
                  ("router_std", 0.3), ("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.95), ("eps", 1e-8), ("wd", 0.1),
-                 ("clip", 1.0)):
+                 ("clip", 1.0), ("lora_alpha", 8.0)):
         m.add_argument("--" + k, type=float, default=v)
+    m.add_argument("--lora_targets", default="w1,w2,w3", help="PEFT target_modules (with --lora_r > 0)")
     m.set_defaults(func=cmd_make_case)
     a = p.parse_args(argv)
     if not 1 <= a.top_k <= a.experts:
