@@ -21,6 +21,8 @@
  * fail with one line. */
 #include "io/io.h"
 #include "memfit/train.h"
+#include "model/internal.h"
+#include "quant/quant.h"
 #include "testutil.h"
 #include "trainutil.h"
 
@@ -152,13 +154,17 @@ static void run_case(const char *src, const char *name, const char *args, const 
 }
 
 /* moe-tiny on seeded bytes: the losses of 4 steps under a recompute policy */
-static int run_policy(const char *tok, const char *policy, double *losses) {
+static int run_policy(const char *tok, const char *policy, double *losses, const char *lora, const char *base) {
     mf_config c;
     mf_config_defaults(&c);
     set_common(&c, tok);
     const char *kv[][2] = {{"model", "moe-tiny"}, {"seq", "32"}, {"batch", "4"}, {"steps", "4"},
                            {"capacity_factor", "0.75"}, {"router_z_loss_coef", "0.001"}, {"recompute", policy}};
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) CHECK(mf_config_set(&c, kv[i][0], kv[i][1]) == 0, "%s", mf_error());
+    if (lora) {
+        CHECK(mf_config_set(&c, "lora", lora) == 0 && mf_config_set(&c, "base_dtype", base) == 0, "%s", mf_error());
+        mf_config_set(&c, "lr", "1e-2");  /* lora_B leaves zero in step 1, so steps 2-4 see the adapters */
+    }
     mf_trainer t;
     if (mf_trainer_init(&t, &c, MF_MODE_TRAIN)) { CHECK(0, "%s: %s", policy, mf_error()); return -1; }
     int64_t dropped = 0;
@@ -170,8 +176,9 @@ static int run_policy(const char *tok, const char *policy, double *losses) {
     }
     CHECK(t.plan.peak_bytes == t.ledger.peak_total, "%s: planned peak %zu, ledger peak %zu", policy, t.plan.peak_bytes,
           t.ledger.peak_total);
-    printf("recompute %-9s losses %.9g .. %.9g, %lld slots dropped, plan %zu == ledger %zu\n", policy, losses[0],
-           losses[3], (long long)dropped, t.plan.peak_bytes, t.ledger.peak_total);
+    printf("recompute %-9s %s%s losses %.9g .. %.9g, %lld slots dropped, plan %zu == ledger %zu\n", policy,
+           lora ? "LoRA on experts, base " : "", lora ? base : "", losses[0], losses[3], (long long)dropped,
+           t.plan.peak_bytes, t.ledger.peak_total);
     CHECK(dropped > 0, "capacity 0.75 drops slots");
     mf_trainer_free(&t);
     return 0;
@@ -189,13 +196,25 @@ static void recompute_policies(void) {
     snprintf(tok, sizeof tok, "%s/c.tok", dir);
     CHECK(mf_tokfile_write(tok, MF_TOK_BYTES, 256, ids, 4096) == 0, "%s", mf_error());
     double base[4], l[4];
-    if (run_policy(tok, "none", base) == 0) {
+    if (run_policy(tok, "none", base, NULL, NULL) == 0) {
         const char *pol[] = {"selective", "full"};
         for (int k = 0; k < 2; k++)
-            if (run_policy(tok, pol[k], l) == 0)
+            if (run_policy(tok, pol[k], l, NULL, NULL) == 0)
                 for (int i = 0; i < 4; i++)
                     CHECK(l[i] == base[i], "recompute %s step %d loss %.17g, none %.17g", pol[k], i, l[i], base[i]);
     }
+    /* adapters on the experts (and q, v), fp32 and NF4 expert bases */
+    const char *lora = "r=4,alpha=8,targets=q_proj,v_proj,w1,w2,w3", *bases[] = {"fp32", "nf4"};
+    for (int q = 0; q < 2; q++)
+        if (run_policy(tok, "none", base, lora, bases[q]) == 0) {
+            const char *pol[] = {"selective", "full", "every:2"};
+            CHECK(base[3] != base[1], "LoRA losses do not move");
+            for (int k = 0; k < 3; k++)
+                if (run_policy(tok, pol[k], l, lora, bases[q]) == 0)
+                    for (int i = 0; i < 4; i++)
+                        CHECK(l[i] == base[i], "LoRA %s: recompute %s step %d loss %.17g, none %.17g", bases[q], pol[k],
+                              i, l[i], base[i]);
+        }
     remove(tok);
     rmdir(dir);
 }
@@ -233,7 +252,7 @@ static void qlora_case(const char *src) {
         set_common(&c, tok);
         snprintf(p, sizeof p, "%s/hf", dir);
         mf_config_set(&c, "init", p);
-        mf_config_set(&c, "lora", "r=4,alpha=8,targets=q_proj,v_proj");
+        mf_config_set(&c, "lora", "r=4,alpha=8,targets=q_proj,v_proj,w1,w2,w3");
         mf_config_set(&c, "base_dtype", kinds[q]);
         mf_config_set(&c, "recompute", "full");
         mf_trainer t;
@@ -248,6 +267,35 @@ static void qlora_case(const char *src) {
               t.ledger.peak_total);
         printf("QLoRA %s base: first loss %.7f, PyTorch fp32 %.7f (|diff| %.2e), plan == ledger %zu\n", kinds[q],
                st.loss, want, err[q], t.ledger.peak_total);
+        /* per-expert dequantisation: the row holds one expert (3 x F x C
+         * floats), and the hook's tile for expert e is, bit for bit, the
+         * e-th slice of the whole stacks dequantised at once (what the
+         * kernels were given before, one layer's stacks in one row) */
+        mf_model *m = &t.model;
+        const int64_t fc = (int64_t)m->d.ffn * m->d.C, E = m->d.n_experts;
+        CHECK(m->moe_deq_f >= 0 && t.plan.bufs[m->moe_deq_f].bytes == (size_t)(3 * fc) * 4, "%s: dequant row %zu bytes",
+              kinds[q], m->moe_deq_f >= 0 ? t.plan.bufs[m->moe_deq_f].bytes : 0);
+        float *whole = malloc((size_t)(E * fc) * 4);
+        int same = 1;
+        mf_arena_step(&t.arena);
+        for (int l = 0; l < m->d.L && whole; l++) {
+            mf_arena_phase(&t.arena, mf_phase_layer_fwd(m, l));
+            mf_moe_expert_ctx ec;
+            mf_moe_expert_ops eo;
+            const float *w[3];
+            const mf_moe_expert_ops *ops = mf_moe_expert_setup(m, &t.arena, l, &ec, &eo, &w[0], &w[1], &w[2]);
+            CHECK(ops && ops->weights && !w[0], "%s: no per-expert weights hook", kinds[q]);
+            for (int k = 0; k < 3 && ops && ops->weights; k++) {
+                const mf_tensor *x = &m->tensors[ec.ids[k]];
+                mf_quant_unpack((mf_quant_kind)x->qkind, whole, mf_arena_ptr(&t.arena, x->p), 0, E * fc);
+                for (int e = 0; e < E; e++) {
+                    ops->weights(ops->ctx, e, &w[0], &w[1], &w[2]);
+                    same &= memcmp(w[k], whole + e * fc, (size_t)fc * 4) == 0;
+                }
+            }
+        }
+        CHECK(same, "%s: a per-expert tile differs from the whole stack's dequantised slice", kinds[q]);
+        free(whole);
         mf_trainer_free(&t);
     }
     CHECK(err[0] < 2e-2 && err[1] < err[0], "quantised-base losses off by %g (nf4), %g (int8)", err[0], err[1]);
@@ -431,6 +479,8 @@ static void bad_settings(void) {
         {"capacity_factor", "0", "capacity_factor 0 must be > 0"},
         {"capacity_factor", "-1", "capacity_factor"},
         {"precision", "bf16", "mixture-of-experts kernels are fp32 only"},
+        {"lora", "r=4,dropout=0.1,targets=w1,w2", "dropout 0.1 with adapters on the experts"},
+        {"lora", "r=4,targets=q_proj,gate_proj", "not modules of a mixture-of-experts model"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         mf_config c;
