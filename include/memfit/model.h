@@ -274,6 +274,9 @@ typedef struct {
     double moe_aux, moe_z;
     int64_t moe_dropped;
     float moe_gscale;
+    int64_t *moe_tokens;  /* (L,E) token-slots the router sent to each expert (before capacity drops) in the
+                           * last training forward; NULL for a dense model */
+    int moe_count;        /* the forward running now is a training one (it records moe_tokens) */
     struct mf_teacher *teacher; /* distillation (distill.h): the frozen teacher, NULL without one */
 } mf_model;
 

@@ -285,6 +285,32 @@ static void suggestions(FILE *f, const mf_trainer *t, const mf_observer *o) {
     if (!n) fprintf(f, "  none (checked: acts over 30%% of peak, optimizer state or offload windows largest, scratch over 30%%)\n");
 }
 
+/* a mixture of experts: token-slots per expert per layer in the last
+ * training forward (the routing's counts, before capacity drops) */
+static void expert_table(FILE *f, const mf_trainer *t) {
+    const mf_model *m = &t->model;
+    int E = m->d.n_experts;
+    if (E <= 0 || !m->moe_tokens) return;
+    fprintf(f, "\ntokens per expert per layer (token-slots routed in the last step's last micro-batch, top-%d; "
+               "imbalance = largest / mean)\n  %-10s", m->d.top_k, "layer");
+    for (int e = 0; e < E; e++) fprintf(f, " %7s%-2d", "e", e);
+    fprintf(f, " %9s\n", "imbalance");
+    for (int l = 0; l < m->d.L; l++) {
+        const int64_t *c = m->moe_tokens + (size_t)l * E;
+        int64_t sum = 0, mx = 0;
+        char lb[24];
+        snprintf(lb, sizeof lb, "layers.%d", l);
+        fprintf(f, "  %-10s", lb);
+        for (int e = 0; e < E; e++) {
+            fprintf(f, " %9lld", (long long)c[e]);
+            sum += c[e];
+            mx = c[e] > mx ? c[e] : mx;
+        }
+        fprintf(f, " %9.3f\n", sum ? (double)mx * E / (double)sum : 0.0);
+    }
+    fprintf(f, "  router losses of that micro-batch (means over layers): aux %.6f, z %.6f\n", m->moe_aux, m->moe_z);
+}
+
 void mf_profile_print(FILE *f, const mf_trainer *t, const mf_observer *o) {
     fprintf(f, "\n==== profile: %s, batch %d x seq %d x accum %d, recompute %s, optimizer %s ====\n", t->cfg.model, t->B,
             t->T, t->cfg.grad_accum, t->cfg.recompute, t->cfg.optimizer);
@@ -294,6 +320,7 @@ void mf_profile_print(FILE *f, const mf_trainer *t, const mf_observer *o) {
     }
     layer_table(f, t, o);
     category_table(f, t, o);
+    expert_table(f, t);
     top_consumers(f, t, 5);
     suggestions(f, t, o);
 }

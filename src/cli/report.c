@@ -216,6 +216,14 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
             put_num(metrics, "moe_aux", t->model.moe_aux, "%.9g");
             put_num(metrics, "moe_z", t->model.moe_z, "%.9g");
             if (t->model.moe_capacity > 0) fprintf(metrics, ",\"moe_dropped\":%lld", (long long)t->model.moe_dropped);
+            /* token-slots per expert per layer (the step's last micro-batch) */
+            fprintf(metrics, ",\"moe_tokens\":[");
+            for (int l = 0; l < t->model.d.L; l++)
+                for (int e = 0; e < t->model.d.n_experts; e++)
+                    fprintf(metrics, "%s%lld%s", e ? "," : l ? ",[" : "[",
+                            (long long)t->model.moe_tokens[(size_t)l * t->model.d.n_experts + e],
+                            e == t->model.d.n_experts - 1 ? "]" : "");
+            fputc(']', metrics);
         }
         if (!isnan(val)) put_num(metrics, "val_loss", val, "%.9g");
         if (st->seq) fprintf(metrics, ",\"rows\":%d,\"seq\":%d,\"micro\":%d", st->rows, st->seq, st->micro);

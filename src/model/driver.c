@@ -368,6 +368,7 @@ double mf_model_forward(mf_model *m, mf_arena *a, int B, int T, int use_targets,
     double keep_aux = m->moe_aux, keep_z = m->moe_z;
     int64_t keep_dropped = m->moe_dropped;
     m->moe_aux = m->moe_z = 0.0, m->moe_dropped = 0;
+    m->moe_count = dscale != 0.0f;
     mf_arena_phase(a, mf_phase_emb_fwd(m));
     params_need(m, a, WTE, m->t_pos >= 0 ? 2 : 1);
     params_prefetch(m, a, 0);

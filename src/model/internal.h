@@ -70,6 +70,8 @@ typedef struct {
     int ids[3];   /* tensor indices of w1, w3, w2 */
     int lora[3];  /* lora_A tensor index of w1, w3, w2's adapters, or -1 */
 } mf_moe_expert_ctx;
+/* moe_tokens' row l = the slots route r sends to each expert (moe_lora.c) */
+void mf_moe_count_tokens(mf_model *m, int l, const mf_moe_route *r, int N);
 const mf_moe_expert_ops *mf_moe_expert_setup(mf_model *m, mf_arena *a, int l, mf_moe_expert_ctx *c,
                                              mf_moe_expert_ops *ops, const float **w1, const float **w3,
                                              const float **w2);

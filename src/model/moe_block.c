@@ -60,6 +60,7 @@ void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *
         double aux = 0, z = 0;
         if (mf_moe_router_forward(&r, &aux, &z, ln2, wg, &d)) mf_panic("moe: %s", mf_error());
         m->moe_aux += aux / m->d.L, m->moe_z += z / m->d.L;
+        if (m->moe_count) mf_moe_count_tokens(m, l, &r, N);
     }
     if (mf_moe_dispatch(&x, &dropped, &r, &d)) mf_panic("moe: %s", mf_error());
     if (!recompute) m->moe_dropped += dropped;

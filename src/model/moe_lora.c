@@ -8,7 +8,9 @@
  *    e*out.. of lora_B (E*out, r); y += (alpha/r) x A_e^T B_e^T on the
  *    expert's group of permuted rows, u = x A_e^T in work.moe.lora_u's rows
  *    of that group (rebuilt in backward, as lora.h's kernels do).
- * Dropout is refused with expert targets (plan.c). */
+ * Dropout is refused with expert targets (plan.c). And the per-layer count
+ * of token-slots each expert was sent (moe_tokens: the report's and
+ * memfit profile's imbalance table). */
 #include "internal.h"
 
 #include "memfit/lora.h"
@@ -85,4 +87,10 @@ const mf_moe_expert_ops *mf_moe_expert_setup(mf_model *m, mf_arena *a, int l, mf
         *w2 = mf_model_tensor_p(m, a, c->ids[2]);
     }
     return ops->weights || any ? ops : NULL;
+}
+
+void mf_moe_count_tokens(mf_model *m, int l, const mf_moe_route *r, int N) {
+    int64_t *c = m->moe_tokens + (size_t)l * m->d.n_experts;
+    for (int e = 0; e < m->d.n_experts; e++) c[e] = 0;
+    for (int64_t s = 0; s < (int64_t)N * m->d.top_k; s++) c[r->topk_idx[s]]++;
 }

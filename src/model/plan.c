@@ -676,6 +676,10 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     for (int b = 0; b < MF_MOE_BUF_COUNT; b++) m->moe_work[b] = -1;
     m->moe_deq_f = m->moe_deq_b = m->moe_lora_u = m->moe_lora_du = -1;
     m->moe_capacity = 0, m->moe_rows = 0;
+    if (bd->mlp == MF_MLP_MOE && !(m->moe_tokens = calloc((size_t)L * d->n_experts, sizeof *m->moe_tokens))) {
+        mf_model_free(m);
+        return mf_fail("out of memory for the experts' token counts");
+    }
     if (bd->mlp == MF_MLP_MOE &&
         (mf_moe_buffer_sizes(moe_bytes, &m->moe_rows, NULL, (int)N, d->top_k, d->n_experts, (int)C, (int)I,
                              d->capacity_factor) ||
@@ -907,6 +911,7 @@ void mf_model_free(mf_model *m) {
     free(m->tensors);
     free(m->res);   /* rres and racts share these allocations */
     free(m->acts);
+    free(m->moe_tokens);
     memset(m, 0, sizeof *m);
 }
 

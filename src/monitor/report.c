@@ -26,23 +26,26 @@
 /* The metrics fields the report reads, by index; NAN when absent. */
 enum {
     F_STEP, F_LOSS, F_VAL_LOSS, F_TOK_S, F_RSS_PEAK, F_LEDGER_PEAK, F_ARENA, F_RSS_BASELINE,
+    F_MOE_AUX, F_MOE_Z,
     F_MEM,                       /* F_MEM + c: "mem_<category c>" */
     F_COUNT = F_MEM + MF_CAT_COUNT
 };
 static const char *field_keys[F_MEM] = {
     "step", "loss", "val_loss", "tok_s", "rss_peak_bytes", "ledger_peak_bytes", "arena_bytes",
-    "rss_baseline_bytes",
+    "rss_baseline_bytes", "moe_aux", "moe_z",
 };
 
 typedef struct { double v[F_COUNT]; } mf_row;
-typedef struct { mf_row *rows; int n, cap; } mf_rows;
+/* rows, and the last line's moe_tokens (tokens per expert per layer, a
+ * mixture of experts' routing) as parsed JSON, NULL if no line had it */
+typedef struct { mf_row *rows; int n, cap; cJSON *moe_tokens; double moe_step; } mf_rows;
 
 static void field_key(int f, char *buf, size_t n) {
     if (f < F_MEM) snprintf(buf, n, "%s", field_keys[f]);
     else snprintf(buf, n, "mem_%s", mf_cat_name((mf_cat)(f - F_MEM)));
 }
 
-static int row_parse(const char *text, mf_row *r, const char *path, long line) {
+static int row_parse(const char *text, mf_row *r, mf_rows *rs, const char *path, long line) {
     cJSON *o = cJSON_ParseWithOpts(text, NULL, 1);
     if (!o) return mf_fail("metrics file %s line %ld: not valid JSON", path, line);
     if (!cJSON_IsObject(o)) {
@@ -61,6 +64,24 @@ static int row_parse(const char *text, mf_row *r, const char *path, long line) {
     }
     if (!rc && !(r->v[F_STEP] >= 0))
         rc = mf_fail("metrics file %s line %ld: no \"step\" (a number >= 0)", path, line);
+    cJSON *tok = cJSON_GetObjectItemCaseSensitive(o, "moe_tokens");
+    if (!rc && tok) {
+        /* an array per layer of one count per expert */
+        int ok = cJSON_IsArray(tok) && cJSON_GetArraySize(tok) > 0, E = -1;
+        const cJSON *row, *x;
+        cJSON_ArrayForEach(row, tok) {
+            ok &= cJSON_IsArray(row) && (E < 0 || cJSON_GetArraySize(row) == E);
+            E = cJSON_GetArraySize(row);
+            cJSON_ArrayForEach(x, row) ok &= cJSON_IsNumber(x) && x->valuedouble >= 0;
+        }
+        if (!ok || E < 1) rc = mf_fail("metrics file %s line %ld: \"moe_tokens\" is not an array of equal-length "
+                                       "arrays of counts", path, line);
+        else {
+            cJSON_Delete(rs->moe_tokens);
+            rs->moe_tokens = cJSON_DetachItemViaPointer(o, tok);
+            rs->moe_step = r->v[F_STEP];
+        }
+    }
     cJSON_Delete(o);
     return rc;
 }
@@ -97,7 +118,7 @@ static int rows_load(mf_rows *rs, const char *path) {
         ln++;
         if (blank(line)) continue;
         mf_row r;
-        if ((rc = row_parse(line, &r, path, ln))) break;
+        if ((rc = row_parse(line, &r, rs, path, ln))) break;
         if ((rc = rows_push(rs, &r))) { mf_fail("metrics file %s: out of memory", path); break; }
     }
     if (!rc && ferror(f)) rc = mf_fail("cannot read metrics file %s: read error", path);
@@ -672,6 +693,53 @@ static void plan_layers(FILE *f, const cJSON *plan) {
     fputs("</table>\n", f);
 }
 
+/* A mixture of experts: the routers' aux (load-balancing) and z losses by
+ * step, and the last metrics line's tokens per expert per layer with each
+ * layer's imbalance (largest count over the mean). Nothing for a dense run. */
+static int section_moe(FILE *f, const mf_rows *rs) {
+    mf_series au = {0}, zz = {0};
+    int rc = series_make(&au, rs, F_MOE_AUX);
+    if (!rc) rc = series_make(&zz, rs, F_MOE_Z);
+    if (!rc && (au.n || rs->moe_tokens)) {
+        section_open(f, "moe", "Mixture of experts");
+        mf_chart c;
+        chart_x(&c, rs);
+        chart_y(&c, 0, series_max(&zz, series_max(&au, 0)), 0);
+        svg_open(f, "router losses by step");
+        svg_axes(f, &c, "router loss");
+        if (au.n) { svg_polyline(f, &c, "moe-aux", CAT_COLOR(0), &au, 0); svg_legend(f, &c, CAT_COLOR(0), "aux (load balancing)", NULL); }
+        if (zz.n) { svg_polyline(f, &c, "moe-z", CAT_COLOR(4), &zz, 0); svg_legend(f, &c, CAT_COLOR(4), "z-loss", NULL); }
+        if (!au.n && !zz.n) svg_no_data(f, "no moe_aux in the metrics file");
+        fputs("</svg>\n", f);
+        if (rs->moe_tokens) {
+            int E = cJSON_GetArraySize(cJSON_GetArrayItem(rs->moe_tokens, 0)), l = 0;
+            fprintf(f, "<h3>Tokens per expert per layer (step %.0f)</h3>\n"
+                       "<p>Token-slots the router sent to each expert in the step's last micro-batch, before any "
+                       "capacity drop; imbalance: the largest over the mean.</p>\n<table id=\"moe-tokens\">\n"
+                       "<tr><th>layer</th>", rs->moe_step);
+            for (int e = 0; e < E; e++) fprintf(f, "<th>expert %d</th>", e);
+            fputs("<th>imbalance</th></tr>\n", f);
+            const cJSON *row, *x;
+            cJSON_ArrayForEach(row, rs->moe_tokens) {
+                double sum = 0, mx = 0;
+                fprintf(f, "<tr><th>%d</th>", l);
+                int e = 0;
+                cJSON_ArrayForEach(x, row) {
+                    fprintf(f, "<td class=\"num\" id=\"moe-tok-%d-%d\">%.0f</td>", l, e++, x->valuedouble);
+                    sum += x->valuedouble;
+                    mx = x->valuedouble > mx ? x->valuedouble : mx;
+                }
+                fprintf(f, "<td class=\"num\" id=\"moe-imb-%d\">%.3f</td></tr>\n", l++, sum > 0 ? mx / (sum / E) : 0.0);
+            }
+            fputs("</table>\n", f);
+        }
+        fputs("</section>\n", f);
+    }
+    series_free(&au);
+    series_free(&zz);
+    return rc;
+}
+
 static void section_plan(FILE *f, const cJSON *plan, const mf_rows *rs) {
     section_open(f, "plan", "Plan: predicted beside measured");
     if (!plan) {
@@ -711,6 +779,7 @@ static int document(FILE *f, const char *title, const char *metrics_path, const 
     int rc = section_loss(f, rs);
     if (!rc) rc = section_throughput(f, rs);
     if (!rc) rc = section_memory(f, rs, budget);
+    if (!rc) rc = section_moe(f, rs);
     if (!rc) section_plan(f, plan, rs);
     fputs("</body>\n</html>\n", f);
     return rc;
@@ -741,6 +810,7 @@ int mf_report_html(const char *out_path, const char *metrics_jsonl_path, const c
         else rc = mf_atomic_commit(&af);
     }
     cJSON_Delete(plan);
+    cJSON_Delete(rs.moe_tokens);
     free(rs.rows);
     return rc;
 }
