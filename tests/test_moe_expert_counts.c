@@ -1,9 +1,10 @@
 /* Tokens per expert per layer (the routing's imbalance) as memfit reports
  * them, against the routing's own decisions:
  *  - in process, moe-tiny with a capacity factor 0.75 (so drops happen and
- *    the counts are the routing's, before drops): after each of 3 steps,
- *    model.moe_tokens equals the count of every layer's kept topk_idx row
- *    (the router's choices), each layer's counts sum to tokens x top-k;
+ *    the counts are the routing's, before drops): after each of 3 steps, a
+ *    training forward's model.moe_tokens equals the count of every layer's
+ *    kept topk_idx row (the router's choices), read while it is alive;
+ *    each layer's counts sum to tokens x top-k;
  *    an evaluation forward leaves them alone;
  *  - memfit train --metrics --report: every metrics line's moe_tokens is
  *    L arrays of E counts summing to tokens x top-k, and the report's
@@ -43,11 +44,17 @@ static void in_process(const char *tok) {
         mf_step_stats st;
         CHECK(mf_trainer_step(&t, &st) == 0, "%s", mf_error());
         dropped += m->moe_dropped;
+        /* a training forward on the next batch, read while its routing rows
+         * are alive (the arena poisons dead rows in debug builds) */
+        mf_arena_step(&t.arena);
+        mf_trainer_load_batch(&t);
+        mf_model_forward(&t.model, &t.arena, B_, T_, 1, 1.0f / (B_ * T_));
         memset(want, 0, (size_t)L * E * sizeof *want);
         for (int l = 0; l < L; l++) {
-            const int32_t *idx = mf_arena_ptr(&t.arena, m->acts[l].moe[MF_MOE_BUF_TOPK_IDX]);
+            const int32_t *idx = mf_arena_get(&t.arena, m->acts[l].moe[MF_MOE_BUF_TOPK_IDX]);
             int64_t sum = 0;
-            for (int i = 0; i < B_ * T_ * k; i++) want[(size_t)l * E + idx[i]]++;
+            for (int i = 0; i < B_ * T_ * k; i++)
+                if (idx[i] >= 0 && idx[i] < E) want[(size_t)l * E + idx[i]]++;
             for (int e = 0; e < E; e++) {
                 CHECK(m->moe_tokens[(size_t)l * E + e] == want[(size_t)l * E + e],
                       "step %d layer %d expert %d: reported %lld, routed %lld", s, l, e,
