@@ -23,7 +23,7 @@ PY=/usr/bin/python3
 # name | command | quick command (run with bash -c from the repository root)
 CMDS=(
   "compare_torch|bash bench/compare_torch.sh|STEPS=3 ROUNDS=1 bash bench/compare_torch.sh gpt2-10m 2 64"
-  "llama_throughput|ROUNDS=2 STEPS=8 WARM=2 bash bench/llama_throughput.sh|ROUNDS=1 STEPS=3 WARM=1 bash bench/llama_throughput.sh llama-tiny 2 64"
+  "llama_throughput|ROUNDS=2 STEPS=8 WARM=2 bash bench/llama_throughput.sh|ROUNDS=1 STEPS=3 WARM=1 bash bench/llama_throughput.sh smollm2-135m 1 32"
   "throughput|bash bench/throughput|ROUNDS=1 STEPS_SMALL=3 bash bench/throughput bytes"
   "zero_10m|bash bench/zero.sh gpt2-10m 8 256 2|STEPS=2 bash bench/zero.sh gpt2-10m 2 64 2"
   "zero_124m|STEPS=5 bash bench/zero.sh gpt2-124m 4 256 2|STEPS=2 bash bench/zero.sh gpt2-10m 4 64 2"
@@ -49,8 +49,6 @@ fi
 out=bench-results/$(date -u +%Y%m%d-%H%M%S)$([ "$QUICK" = 1 ] && echo -quick)
 mkdir -p "$out"
 machine="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD 2>/dev/null || commit="$commit (modified)"
 runcmd="$([ "$QUICK" = 1 ] && echo 'QUICK=1 ')bash bench/all.sh${*:+ $*}"
 $PY -c 'import json, sys; json.dump({"command": sys.argv[1], "dir": sys.argv[2], "quick": sys.argv[3] == "1"}, open(sys.argv[2] + "/run.json", "w"))' \
   "$runcmd" "$out" "$QUICK"
@@ -62,6 +60,8 @@ for c in "${CMDS[@]}"; do
     [ $hit -eq 1 ] || continue
   fi
   ran=$((ran + 1))
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)   # at each bench: the tree may move
+  git diff --quiet HEAD 2>/dev/null || commit="$commit (modified)"
   load0=$(cut -d' ' -f1-3 /proc/loadavg)
   date0=$(date -u '+%Y-%m-%d %H:%M UTC')
   t0=$(date +%s)
