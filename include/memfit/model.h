@@ -99,6 +99,13 @@ int64_t mf_model_block_matmul_params(const mf_dims *d);
 /* Attention score FLOPs of one block's forward on B sequences of T tokens
  * (QK^T and PV; the sliding window's skipped part excluded). */
 double mf_model_attention_flops(const mf_dims *d, int B, int T);
+/* Expert parallel (--expert_parallel; moe_ep.c, docs/moe.md): the bounds
+ * the plan sizes the exchange rows for, with N tokens per rank: rows this rank sends at most (send: N*k
+ * dropless, min(N*k, E*cap) with a capacity), rows its experts receive at
+ * most (recv: ep*N*min(k, E/ep), or min(that, E/ep*cap)), rows one expert
+ * gets at most (group: ep*N or min(ep*N, cap)); cap = the capacity of the
+ * group's ep*N tokens (0 dropless). */
+int mf_moe_ep_bounds(const mf_dims *d, int N, int64_t *send, int64_t *recv, int64_t *group, int *cap);
 /* Parameters as Hugging Face counts them (unpadded vocabulary; a shared
  * model counts its weight sets once). */
 int64_t mf_model_n_params(const mf_dims *d);

@@ -57,15 +57,8 @@ void mf_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompu
 void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2,
                           const float *xmid, float *out, int N, int recompute);
 void mf_moe_block_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2, int N);
-/* Expert parallel (moe_ep.c, docs/moe.md): the same block when the
- * experts are split over an expert group of d->ep ranks (the token
- * exchange with MPI_Alltoallv). The bounds the plan sizes the exchange rows
- * for, with N tokens per rank: rows this rank sends at most (send: N*k
- * dropless, min(N*k, E*cap) with a capacity), rows its experts receive at
- * most (recv: ep*N*min(k, E/ep), or min(that, E/ep*cap)), rows one expert
- * gets at most (group: ep*N or min(ep*N, cap)); cap = the capacity of the
- * group's ep*N tokens (0 dropless). */
-int mf_moe_ep_bounds(const mf_dims *d, int N, int64_t *send, int64_t *recv, int64_t *group, int *cap);
+/* Expert parallel (moe_ep.c, docs/moe.md; bounds in model.h): the
+ * block when the experts are split over an expert group of d->ep ranks. */
 void mf_moe_ep_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2, const float *xmid,
                        float *out, int N, int recompute);
 void mf_moe_ep_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2, int N);
