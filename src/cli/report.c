@@ -325,6 +325,7 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
         /* which worst case the moe.* rows are sized for (docs/moe.md) */
         int64_t R = 0, G = 0, N = (int64_t)m->B * m->T;
         mf_moe_buffer_sizes(NULL, &R, &G, (int)N, d->top_k, d->n_experts, d->C, d->ffn, d->capacity_factor);
+        if (m->d.ep > 1) mf_moe_ep_bounds(&m->d, (int)N, &R, NULL, &G, NULL);  /* the expert group's */
         fprintf(f, "mixture of experts: %d experts, top-%d, %lld active params per token; expert weights %s per layer; ",
                 d->n_experts, d->top_k, (long long)mf_model_n_active(d), sz(expert_bytes(p, 0), a));
         if (m->moe_capacity > 0)
@@ -333,6 +334,18 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
         else
             fprintf(f, "dropless: routing rows sized for the worst case, %lld permuted rows (tokens x top-k), "
                        "%lld on one expert at most\n", (long long)R, (long long)G);
+        if (d->ep > 1 && m->d.ep > 1) {
+            /* expert parallel (moe_ep.c): rank 0's experts and its exchange rows */
+            int El = d->n_experts / m->d.ep, g = m->opt.rank % m->d.ep;
+            fprintf(f, "expert parallel over groups of %d ranks: this rank holds experts %d-%d of each layer (%s of "
+                       "expert weights), sends at most %lld rows and receives at most %lld (%s)\n",
+                    m->d.ep, g * El, g * El + El - 1, sz(expert_bytes(p, 0), a), (long long)m->moe_ep_send,
+                    (long long)m->moe_ep_recv,
+                    m->moe_capacity > 0 ? "capacity bound: at most capacity rows per expert, the capacity of the "
+                                          "group's tokens"
+                                        : "dropless bound: every token of every rank in the group could pick this "
+                                          "rank's experts");
+        }
     }
     teacher_line(f, m, p);
     if (m->opt.world > 1) {
@@ -391,6 +404,7 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
     if (d->n_experts > 0) {
         int64_t R = 0, G = 0;
         mf_moe_buffer_sizes(NULL, &R, &G, m->B * m->T, d->top_k, d->n_experts, d->C, d->ffn, d->capacity_factor);
+        if (m->d.ep > 1) mf_moe_ep_bounds(&m->d, m->B * m->T, &R, NULL, &G, NULL);  /* the expert group's */
         cJSON *mo = cJSON_AddObjectToObject(o, "moe");
         cJSON_AddNumberToObject(mo, "n_experts", d->n_experts);
         cJSON_AddNumberToObject(mo, "top_k", d->top_k);
@@ -399,6 +413,13 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
         cJSON_AddStringToObject(mo, "bound", m->moe_capacity > 0 ? "capacity" : "dropless");
         cJSON_AddNumberToObject(mo, "permuted_rows", (double)R);
         cJSON_AddNumberToObject(mo, "group_rows", (double)G);
+        if (m->d.ep > 1) {
+            cJSON *ep = cJSON_AddObjectToObject(mo, "expert_parallel");
+            cJSON_AddNumberToObject(ep, "group_ranks", m->d.ep);
+            cJSON_AddNumberToObject(ep, "experts_per_rank", d->n_experts / m->d.ep);
+            cJSON_AddNumberToObject(ep, "send_rows", (double)m->moe_ep_send);
+            cJSON_AddNumberToObject(ep, "recv_rows", (double)m->moe_ep_recv);
+        }
     }
     if (m->lora.r > 0) {
         char tg[128];

@@ -236,6 +236,8 @@ static int wait_req(MPI_Request *req, int nreq, const char *what) {
     }
 }
 
+int mf_dist_wait(void *req, int n, const char *what) { return wait_req((MPI_Request *)req, n, what); }
+
 /* Any collective of the main thread first joins ZeRO 3's prefetch thread
  * (MPI runs THREAD_SERIALIZED). */
 static int join_prefetch(void) {

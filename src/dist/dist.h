@@ -120,6 +120,41 @@ int mf_dist_set_group(int n);
 /* Ranks in this rank's shard group (the world without zero_group). */
 int mf_dist_group(void);
 
+/* Completes n MPI requests (MPI_Request *req) as every collective here
+ * does: polled, failing after dist_timeout without progress. For
+ * alltoall.c; `what` names the collective in the message. */
+int mf_dist_wait(void *req, int n, const char *what);
+
+/* ---- expert parallel (alltoall.c) --------------------------------------- */
+
+/* Refuses what expert_parallel (cfg) cannot do on `world` ranks: N not
+ * dividing the ranks, ZeRO 1-3, zero_group, LoRA/QLoRA, recompute that
+ * rebuilds whole blocks; train (1) also: no MPI launcher, and writing or
+ * reading model files (out_dir, init, resume, adapter). 0 when N <= 1. */
+int mf_dist_ep_check(const mf_config *cfg, int world, int train);
+/* Splits the world into expert groups of n consecutive ranks (rank / n)
+ * and the replica sets of the ranks holding the same experts (rank % n);
+ * collective, once at the trainer's start. n <= 1: nothing. */
+int mf_dist_ep_init(int n);
+/* Ranks in this rank's expert group, and this rank's place in it (1, 0
+ * before mf_dist_ep_init or without expert parallelism). */
+int mf_dist_ep_size(void);
+int mf_dist_ep_rank(void);
+/* MPI_Allgather of E ints per rank within the expert group, in group rank
+ * order: all[p*E + e] = rank p's mine[e]. */
+int mf_dist_ep_allgather_ints(const int32_t *mine, int32_t *all, int E);
+/* MPI_Alltoallv of floats within the expert group: scnt[p] floats from
+ * send + sdisp[p] go to group rank p, rcnt[p] floats from p land at
+ * recv + rdisp[p] (counts and displacements in floats, each below 2^31). */
+int mf_dist_ep_alltoallv(const float *send, const int64_t *scnt, const int64_t *sdisp, float *recv,
+                         const int64_t *rcnt, const int64_t *rdisp);
+/* Sum of x[n] over the ranks that hold the same experts (the W / N
+ * replicas), in place, by buckets: the experts' gradients. */
+int mf_dist_ep_allreduce(float *x, int64_t n);
+/* Sums n doubles over the expert group, in rank order (the same bits on
+ * every rank of the group). */
+int mf_dist_ep_sum_doubles(double *x, int n);
+
 /* ---- ZeRO ------------------------------------------------------------- */
 
 /* Refuses settings ZeRO cannot honour on `world` ranks (a batch not

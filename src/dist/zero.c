@@ -98,7 +98,9 @@ int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *x = &m->tensors[i];
         float *g = mf_arena_get(a, x->g);
-        int rc = m->opt.zero == 0 ? mf_dist_allreduce(g, x->numel, ring, rn) : mf_dist_reduce_scatter(g, x->numel, ring, rn);
+        /* expert parallel: an expert's gradient over the ranks holding it */
+        int rc = x->ep_full > 0 ? mf_dist_ep_allreduce(g, x->numel)
+               : m->opt.zero == 0 ? mf_dist_allreduce(g, x->numel, ring, rn) : mf_dist_reduce_scatter(g, x->numel, ring, rn);
         if (rc) return -1;
     }
     return 0;
@@ -147,11 +149,17 @@ int mf_zero_grads_ready(mf_model *m, mf_arena *a, int first, int n) {
 }
 
 int mf_zero_grad_sumsq(mf_model *m, mf_arena *a, double *out) {
-    double ss = 0;
+    double ss = 0, se = 0;
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *x = &m->tensors[i];
         const float *g = x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo;
-        ss += mf_sumsq(g, (size_t)(x->hi - x->lo));
+        if (x->ep_full > 0) se += mf_sumsq(g, (size_t)(x->hi - x->lo));
+        else ss += mf_sumsq(g, (size_t)(x->hi - x->lo));
+    }
+    /* expert parallel: each rank of an expert group holds its experts' part */
+    if (m->d.ep > 1) {
+        if (mf_dist_ep_sum_doubles(&se, 1)) return -1;
+        ss += se;
     }
     /* stage 0: every rank holds the whole summed gradient already */
     if (sharded(m) && mf_dist_sum_doubles_group(&ss, 1)) return -1;

@@ -105,9 +105,11 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
         else if (t->ndim == 1) for (int64_t k = lo; k < hi; k++) put_w(m, t, p, k, 0.0f);
         else {
             float std = strstr(nm, "c_proj.weight") ? proj_std : 0.02f;
-            for (int64_t k = 0; k < t->numel; k++) {
+            /* expert parallel: the whole stack's draws, this rank's experts kept */
+            int64_t full = t->ep_full > 0 ? t->ep_full : t->numel, e0 = t->ep_full > 0 ? t->ep_lo : 0;
+            for (int64_t k = 0; k < full; k++) {
                 float v = std * mf_rng_normal(&rng);
-                if (k >= lo && k < hi) put_w(m, t, p, k, v);
+                if (k - e0 >= lo && k - e0 < hi) put_w(m, t, p, k - e0, v);
             }
         }
         if (t->role == MF_ROLE_EMB || t->role == MF_ROLE_HEAD) /* padding rows stay zero */
