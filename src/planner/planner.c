@@ -236,7 +236,7 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
             ch.auto_k = m.auto_k;
             ch.arena_bytes = p.arena_bytes;
             ch.disk_bytes = p.disk_bytes;
-            ch.process = p.arena_bytes + runtime;
+            ch.process = p.arena_bytes + p.outside_bytes + runtime;  /* + MPI's comm.mpi.* rows */
             ch.need = ch.process + MF_PLANNER_HEADROOM(p.arena_bytes);
             memcpy(ch.peak_cat, p.peak_cat, sizeof ch.peak_cat);
             mf_planner_predict(rates, &ch, &m, &p);
