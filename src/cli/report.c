@@ -366,7 +366,7 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
     fprintf(f, "  %-12s %14zu %12s\n", "total", p->peak_bytes, sz(p->peak_bytes, a));
     if (p->disk_bytes)
         fprintf(f, "  %-12s %14zu %12s   (optimizer state in %s, streamed through the offload windows)\n", "on disk",
-                p->disk_bytes, sz(p->disk_bytes, a), m->opt.offload_path);
+                p->disk_bytes, sz(p->disk_bytes, a), m->opt.world > 1 ? "PATH.rank<r> per rank" : m->opt.offload_path);
     fprintf(f, "  %-12s %14zu %12s   (lifetimes let buffers share bytes)\n", "arena", p->arena_bytes, sz(p->arena_bytes, a));
     if (m->opt.world > 1) {
         /* the comm.mpi.* rows: MPI's own scratch for the collectives */

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -730,6 +731,40 @@ int mf_dist_set_group(int n) {
 }
 
 int mf_dist_group(void) { return g_gc.size; }
+
+const char *mf_dist_rank_path(const char *path, char *buf, size_t n) {
+    if (g_world > 1) snprintf(buf, n, "%s.rank%d", path, g_rank);
+    else snprintf(buf, n, "%s", path);
+    return buf;
+}
+
+int mf_dist_file_private(int fd, const char *path) {
+    if (!g_active || g_world == 1) return 0;
+    /* (host, device, inode): two ranks on one host with the same file, or
+     * a link; the host keeps equal inode numbers on two nodes' own disks apart */
+    struct stat st;
+    if (fstat(fd, &st) != 0) return mf_fail("rank %d: cannot stat %s", g_rank, path);
+    char host[64] = "";
+    gethostname(host, sizeof host - 1);
+    uint64_t h = 1469598103934665603ull;  /* FNV-1a of the host name */
+    for (const char *p = host; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    uint64_t mine[3] = {h, (uint64_t)st.st_dev, (uint64_t)st.st_ino};
+    uint64_t *all = calloc((size_t)g_world * 3, sizeof *all);
+    if (!all) return mf_fail("out of memory");
+    if (join_prefetch()) { free(all); return -1; }
+    MPI_Request req;
+    int rc = MPI_Iallgather(mine, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, MPI_COMM_WORLD, &req);
+    if (rc != MPI_SUCCESS) { free(all); return mpi_fail(rc, "comparing the ranks' files"); }
+    if (wait_req(&req, 1, "comparing the ranks' files")) { free(all); return -1; }
+    int other = -1;
+    for (int r = 0; r < g_world && other < 0; r++)
+        if (r != g_rank && all[3 * r] == h && all[3 * r + 1] == mine[1] && all[3 * r + 2] == mine[2]) other = r;
+    free(all);
+    if (other >= 0)
+        return mf_fail("rank %d: offload file %s is the same file as rank %d's (a link?); each rank needs a file of its "
+                       "own: remove the link or give another --offload path", g_rank, path, other);
+    return 0;
+}
 
 int mf_dist_stop_agree(int *sig) {
     int mine = *sig ? *sig : g_stop_sig;

@@ -143,11 +143,19 @@ int mf_dist_set_group(int n);
 /* Ranks in this rank's shard group (the world without zero_group). */
 int mf_dist_group(void);
 
+/* A file path of this rank's own: `path` on one rank, else
+ * "path.rank<r>" (offload files under mpirun). Returns buf. */
+const char *mf_dist_rank_path(const char *path, char *buf, size_t n);
+/* Collective: refuses (-1, one line naming both paths) when the open file
+ * fd is the same file (host, device, inode) as another rank's, as when a
+ * rank's path is a link to another's. 0 on one rank. */
+int mf_dist_file_private(int fd, const char *path);
+
 /* ---- ZeRO ------------------------------------------------------------- */
 
 /* Refuses settings ZeRO cannot honour on `world` ranks (a batch not
  * divisible by the ranks, stage 3 with block recompute, an optimizer whose state is not
- * element-wise under sharding, update_in_backward or offload across ranks). */
+ * element-wise under sharding, update_in_backward, offload with stages 1-3). */
 int mf_zero_check(const mf_config *cfg, int world);
 /* The plan rows data parallelism adds to a training plan whose model was
  * planned with m->opt.zero/world/rank: the reduce-scatter's bucket scratch
