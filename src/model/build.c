@@ -56,7 +56,7 @@ int mf_model_build_plan(const mf_config *cfg, mf_mode mode, int nthreads, size_t
     for (int k = 0; k <= d->L; k++) {
         rc.every = k;
         if (plan_once(cfg, mode, nthreads, d, rc, plan, model)) return -1;
-        if (cfg->budget == 0 || plan->arena_bytes + overhead <= cfg->budget || k == d->L) return 0;
+        if (cfg->budget == 0 || plan->arena_bytes + plan->outside_bytes + overhead <= cfg->budget || k == d->L) return 0;
         mf_model_free(model);
         mf_plan_free(plan);
     }
