@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 export MEMFIT_CACHE ?= $(HOME)/.cache/memfit
 
-.PHONY: all deps-build deps-test data demo sft-demo test bench bench-all docs fuzz install clean
+.PHONY: all deps-build deps-test data demo sft-demo test bench bench-all bench-quick docs fuzz install clean
 
 all: build/memfit
 
@@ -46,9 +46,15 @@ bench: build/memfit data
 	@bash bench/compare_torch.sh
 
 # every benchmark docs/benchmarks.md quotes, one after another; outputs with
-# date, commit, machine and load under bench-results/ (bench/all.sh)
+# date, commit, machine and load under bench-results/, then docs/benchmarks.md
+# rendered from them (bench/all.sh, bench/render.py, bench/benchmarks.md.in)
 bench-all: build/memfit data
 	@bash bench/all.sh
+
+# the same pipeline in minutes (fewer steps, smallest models), rendered to
+# bench-results/<time>-quick/benchmarks.md only, never docs/benchmarks.md
+bench-quick: build/memfit data
+	@QUICK=1 bash bench/all.sh
 
 # docs/cli.md and contrib/memfit.bash are printed by the binary from the
 # config table (tests/test_docs_cli_current.sh fails when they drift)

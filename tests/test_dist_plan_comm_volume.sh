@@ -38,8 +38,30 @@ PY
   done
 done
 # without --net_gbps the volume is given, its time is not added
-"$M" plan --model gpt2-10m --batch 4 --seq 64 --world_size 2 --zero 2 | grep -q "per rank per step .* of collectives (2 Psi" \
+"$M" plan --model gpt2-10m --batch 4 --seq 64 --world_size 2 --zero 2 | grep -q "per rank per step .* of collectives (ZeRO's 2 Psi x (2-1)/2 = 1 Psi" \
   && echo "ok   text plan names the volume" || { echo "FAIL text plan"; fail=1; }
+# hybrid sharding (--zero_group): the text names the hybrid formula, not
+# ZeRO's 2 Psi / 3 Psi, and its coefficient is the planned bytes / 4 Psi
+for z in 2 3; do
+  "$M" plan --model gpt2-10m --batch 4 --seq 64 --world_size 4 --zero $z --zero_group 2 > "$W/h$z.txt" \
+    && "$M" plan --json --model gpt2-10m --batch 4 --seq 64 --world_size 4 --zero $z --zero_group 2 > "$W/h$z.json" \
+    || { echo "FAIL plan hybrid zero $z"; fail=1; continue; }
+  /usr/bin/python3 - "$W/h$z.txt" "$W/h$z.json" $z <<'PY' || fail=1
+import json, re, sys
+text = open(sys.argv[1]).read()
+r = json.load(open(sys.argv[2]))
+S = int(sys.argv[3])
+c = r["settings"][r["chosen"]]
+line = [l for l in text.splitlines() if "of collectives" in l][0]
+m = re.search(r"= ([0-9.]+) Psi fp32 values, Psi = ([0-9]+) parameters", line)
+# N = 2 of W = 4: b/2 + 2 (b/2)(1/2) + k b/2, k = 1 (stage 2) or 2 (stage 3)
+want = 0.5 + 0.5 + (2 if S == 3 else 1) * 0.5
+ok = m is not None and "hybrid shard, 2 groups of 2" in line and "2 Psi x" not in line and "3 Psi x" not in line \
+     and abs(float(m.group(1)) - want) < 1e-3 and abs(c["comm_bytes"] / (4 * float(m.group(2))) - want) < 1e-3
+print("%s plan hybrid W=4 N=2 zero %d: %s" % ("ok  " if ok else "FAIL", S, line.split("(", 1)[1].split(")")[0]))
+sys.exit(0 if ok else 1)
+PY
+done
 # measured on 2 ranks: the bytes each rank's collectives moved per step
 for z in 1 3; do
   "$M" plan --json --model gpt2-1m --batch 4 --seq 64 --world_size 2 --zero $z --net_gbps 10 --threads 1 > "$W/m$z.json" \

@@ -9,6 +9,8 @@
  *  - in each build, the fused kernels give exactly what the unfused
  *    sequence gives (bias+GELU, residual+layernorm), and the bf16-output
  *    kernels give the fp32 kernel's result rounded by mf_f32_to_bf16;
+ *  - the Llama family's kernels (RMSNorm, RoPE, SwiGLU and their 16-bit
+ *    forms) the same way (see llama());
  *  - the table in use is the one MEMFIT_ISA asks for (auto/unset: avx512
  *    where the CPU has it); ctest runs this test a second time with
  *    MEMFIT_ISA=portable.
@@ -257,6 +259,64 @@ static void fused(const mf_kernel_isa *k) {
     free(x3), free(x4);
 }
 
+/* the Llama family's kernels (RMSNorm, RoPE, SwiGLU): table k1 against k0
+ * (NULL k1: only k0's 16-bit forms against its fp32 ones). Element-wise
+ * kernels (RoPE, SwiGLU, RMSNorm's column-summed dw) agree bit for bit; the
+ * row reductions in double (RMSNorm's rstd and dinp) within 1e-6 of
+ * max(|v|, 1). The 16-bit outputs are the fp32 results rounded, with the
+ * same rstd bit for bit. */
+static void llama(const mf_kernel_isa *k0, const mf_kernel_isa *k1) {
+    const size_t nc = (size_t)N * C, nf = (size_t)N * OC;
+    float *x = fnormal(nc, 2), *w = fnormal(C, 1), *d = fnormal(nc, 1);
+    float *o0 = falloc(nc), *o1 = falloc(nc), r0[N], r1[N];
+    float *dx0 = fnormal(nc, 1), *dx1 = fcopy(dx0, nc), *dw0 = fnormal(C, 1), *dw1 = fcopy(dw0, C);
+    float *g = fnormal(nf, 3), *u = fnormal(nf, 1), *dd = fnormal(nf, 1);
+    float *s0 = falloc(nf), *s1 = falloc(nf), *dg0 = falloc(nf), *du0 = falloc(nf), *dg1 = falloc(nf), *du1 = falloc(nf);
+    uint16_t *h0 = malloc(nf * 2), *h1 = malloc(nf * 2);
+    /* RoPE on B2 x T5 rows of 3 query + 1 key/value heads of size 8, with positions */
+    enum { RB = 2, RT = 5, NH = 3, NKV = 1, HS = 8, QKV = (NH + 2 * NKV) * HS };
+    float tab[RT * HS], *q0 = fnormal(RB * RT * QKV, 1), *q1 = fcopy(q0, RB * RT * QKV);
+    const int32_t pos[RB * RT] = {0, 1, 2, 3, 4, 3, 0, 1, 4, 2};
+    mf_rope_table(tab, RT, HS, 10000.0, NULL);
+    if (k1) {
+        const char *a = k0->name, *b = k1->name;
+        k0->rmsnorm_forward(o0, r0, x, w, N, C, 1e-5f);
+        k1->rmsnorm_forward(o1, r1, x, w, N, C, 1e-5f);
+        CHECK(maxrel(o0, o1, nc, 1) <= 1e-6 && maxrel(r0, r1, N, 1) <= 1e-6, "rmsnorm_forward %s vs %s: %.3g", a, b,
+              maxrel(o0, o1, nc, 1));
+        k0->rmsnorm_backward(dx0, dw0, d, x, w, r0, N, C);
+        k1->rmsnorm_backward(dx1, dw1, d, x, w, r0, N, C);
+        CHECK(maxrel(dx0, dx1, nc, 1) <= 1e-6 && same_bits(dw0, dw1, C), "rmsnorm_backward %s vs %s: dx %.3g", a, b,
+              maxrel(dx0, dx1, nc, 1));
+        for (int inv = 0; inv < 2; inv++) {
+            k0->rope_apply(q0, tab, inv ? pos : NULL, RB, RT, NH, NKV, HS, inv);
+            k1->rope_apply(q1, tab, inv ? pos : NULL, RB, RT, NH, NKV, HS, inv);
+            CHECK(same_bits(q0, q1, RB * RT * QKV), "rope_apply (inverse %d) %s vs %s", inv, a, b);
+        }
+        k0->swiglu_forward(s0, g, u, nf);
+        k1->swiglu_forward(s1, g, u, nf);
+        CHECK(same_bits(s0, s1, nf), "swiglu_forward %s vs %s: %.3g", a, b, maxrel(s0, s1, nf, 1e-6));
+        k0->swiglu_backward(dg0, du0, dd, g, u, nf);
+        k1->swiglu_backward(dg1, du1, dd, g, u, nf);
+        CHECK(same_bits(dg0, dg1, nf) && same_bits(du0, du1, nf), "swiglu_backward %s vs %s", a, b);
+    }
+    for (int dt = 0; dt < 2; dt++) { /* the 16-bit outputs of k0 */
+        const mf_dtype t = dt ? MF_DTYPE_F16 : MF_DTYPE_BF16;
+        k0->rmsnorm_forward(o0, r0, x, w, N, C, 1e-5f);
+        k0->rmsnorm_forward16(h1, t, r1, x, w, N, C, 1e-5f);
+        int ok = same_bits(r0, r1, N);
+        for (size_t i = 0; i < nc; i++) ok &= h1[i] == (dt ? mf_f32_to_fp16(o0[i]) : mf_f32_to_bf16(o0[i]));
+        CHECK(ok, "%s: rmsnorm_forward16 (%s) != rounded rmsnorm_forward", k0->name, mf_dtype_name(t));
+        k0->swiglu_forward(s0, g, u, nf);
+        k0->swiglu_forward16(h0, t, g, u, nf);
+        ok = 1;
+        for (size_t i = 0; i < nf; i++) ok &= h0[i] == (dt ? mf_f32_to_fp16(s0[i]) : mf_f32_to_bf16(s0[i]));
+        CHECK(ok, "%s: swiglu_forward16 (%s) != rounded swiglu_forward", k0->name, mf_dtype_name(t));
+    }
+    free(x), free(w), free(d), free(o0), free(o1), free(dx0), free(dx1), free(dw0), free(dw1), free(g), free(u), free(dd);
+    free(s0), free(s1), free(dg0), free(du0), free(dg1), free(du1), free(h0), free(h1), free(q0), free(q1);
+}
+
 int main(void) {
     mf_rng_seed(&rng, 7);
     const char *env = getenv("MEMFIT_ISA");
@@ -277,6 +337,10 @@ int main(void) {
     bf16_outputs(&mf_kernels_portable);
 #ifdef MF_HAVE_AVX512_TABLE
     if (ok512) bf16_outputs(&mf_kernels_avx512);
+#endif
+    llama(&mf_kernels_portable, NULL);
+#ifdef MF_HAVE_AVX512_TABLE
+    if (ok512) llama(&mf_kernels_avx512, NULL), llama(&mf_kernels_portable, &mf_kernels_avx512);
 #endif
     return mf_test_done("test_kernels_isa_agree");
 }

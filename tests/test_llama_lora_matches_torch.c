@@ -175,7 +175,11 @@ static void run_case(const char *src, const char *name, const char *args, const 
 
     if (extras) {
         /* ---- the command line: memfit train ... --save_adapter DIR, the same
-         * run; its adapters are the in-process run's, bit for bit */
+         * run; its adapters are the in-process run's, bit for bit. With
+         * --blas_coretype env the command keeps this process's
+         * OPENBLAS_CORETYPE (by default it unsets an inherited non-AVX-512
+         * core type such as Haswell and re-executes itself), so both runs'
+         * OpenBLAS GEMMs use the same kernels and round alike. */
         const char *bin = getenv("MEMFIT_BIN");
         char cli[1300];
         snprintf(cli, sizeof cli, "%s/cli", dir);
@@ -183,7 +187,7 @@ static void run_case(const char *src, const char *name, const char *args, const 
                  "%s train --init %s/hf --lora %s --adapter %s --save_adapter %s --data %s --tokenizer bytes "
                  "--seq %d --batch %d --steps 10 --lr 1e-3 --warmup 0 --min_lr_frac 1 --weight_decay 0.1 --beta1 0.9 "
                  "--beta2 0.95 --eps 1e-8 --grad_clip 1.0 --val_fraction 0 --sample_tokens 0 --threads 2 --loss_chunk 0 "
-                 "--progress 0 --log_every 10 >%s/cli.log 2>&1",
+                 "--progress 0 --log_every 10 --blas_coretype env >%s/cli.log 2>&1",
                  bin ? bin : "./memfit", dir, lora, ad, cli, tok, T_, B_, dir);
         int rc = system(cmd);
         CHECK(rc == 0, "command failed (%d): %s", rc, cmd);

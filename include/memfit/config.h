@@ -80,6 +80,7 @@ typedef struct {
     int zero;                 /* ZeRO stage over the data-parallel ranks (dist/) */
     int world_size;           /* ranks the plan is for (memfit estimate; train takes mpirun's) */
     int zero_group;           /* ZeRO hybrid shard: ranks per shard group (0 = all ranks, one group) */
+    int expert_parallel;      /* mixture of experts: ranks per expert group, each holding E / N experts (1 = off) */
     double dist_timeout;      /* seconds a collective waits for a peer (0 = forever) */
     double net_gbps;          /* memfit plan: bandwidth per rank (Gbit/s) for the communication time (0 = none) */
     int progress;             /* -1 auto (terminal), 0 off, 1 on */

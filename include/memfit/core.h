@@ -95,6 +95,8 @@ typedef struct {
     int first, last;
     int layer;      /* transformer layer this buffer belongs to, or -1 */
     int disk;       /* lives in the offload file, not the arena (offset is its file offset) */
+    int outside;    /* memory the process holds outside the arena and the ledger: the MPI library's
+                     * scratch for the collectives (comm.mpi.*, sized from a measurement); no offset */
     size_t offset;  /* set by mf_plan_layout (arena rows) or the offload planner (disk rows) */
 } mf_buf;
 
@@ -111,6 +113,7 @@ typedef struct {
     size_t max_cat[MF_CAT_COUNT];    /* each category's own max over phases */
     size_t total_cat[MF_CAT_COUNT];  /* sum of all arena rows per category */
     size_t disk_bytes;               /* sum of disk rows (not in the arena) */
+    size_t outside_bytes;            /* sum of outside rows: resident, but not in the arena or the ledger */
 } mf_plan;
 
 int mf_plan_init(mf_plan *p, int n_phases);
@@ -124,8 +127,8 @@ int mf_plan_find(const mf_plan *p, const char *name);
 void mf_plan_layout(mf_plan *p);
 /* Live bytes per category at phase `ph` (out has MF_CAT_COUNT entries). */
 void mf_plan_live_at(const mf_plan *p, int ph, size_t *out);
-/* Refuses a plan whose arena plus `overhead` (runtime bytes outside the
- * arena) exceeds `budget`: returns -1 with a message naming the categories,
+/* Refuses a plan whose arena plus its outside rows plus `overhead` (runtime
+ * bytes outside the arena) exceeds `budget`: returns -1 with a message naming the categories,
  * the total, the budget and by how much it exceeds. budget 0 = no limit. */
 int mf_plan_check_budget(const mf_plan *p, size_t overhead, size_t budget);
 

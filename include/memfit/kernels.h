@@ -403,6 +403,23 @@ int mf_moe_experts_forward_ops(float *y, mf_moe_acts *a, const float *x, const m
 int mf_moe_experts_backward_ops(float *dx, float *dw1, float *dw3, float *dw2, mf_moe_work *w, const float *dy,
                                 const mf_moe_acts *a, const mf_moe_route *r, const float *w1, const float *w3,
                                 const float *w2, const mf_moe_dims *d, const mf_moe_expert_ops *ops);
+/* Expert parallel (docs/moe.md): mf_moe_dispatch where the capacity
+ * counts, per expert e, before[e] slots that earlier ranks of the group
+ * routed to e first (their tokens come first in the global order): slot s
+ * of expert e is kept while before[e] + its place among this rank's slots
+ * to e < capacity. before NULL: mf_moe_dispatch. */
+int mf_moe_dispatch_after(mf_moe_acts *a, int *dropped, const mf_moe_route *r, const mf_moe_dims *d,
+                          const int32_t *before);
+/* The gather and the weighted scatter of mf_moe_experts_forward on their
+ * own, for a caller whose experts run elsewhere: xp[row of slot] = x[n];
+ * y[n] = sum over kept slots of topk_w * yp[row] (overwritten). Their
+ * backward: dyp[row] = topk_w * dy[n] and dtopk_w = dy[n] . yp[row] (0 for
+ * a dropped slot); dx[n] += sum over kept slots of dxp[row]. */
+void mf_moe_gather(float *xp, const float *x, const int32_t *slot_row, int N, int k, int C);
+void mf_moe_combine(float *y, const float *yp, const int32_t *slot_row, const float *topk_w, int N, int k, int C);
+void mf_moe_combine_backward(float *dyp, float *dtopk_w, const float *dy, const float *yp, const int32_t *slot_row,
+                             const float *topk_w, int N, int k, int C);
+void mf_moe_gather_backward(float *dx, const float *dxp, const int32_t *slot_row, int N, int k, int C);
 /* ==== end of mixture of experts ========================================== */
 
 #ifdef __cplusplus

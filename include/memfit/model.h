@@ -57,6 +57,8 @@ typedef struct {
     float z_coef;         /* router_z_loss_coef */
     double capacity_factor; /* --capacity_factor: a run setting, not the shape (not in the dims string);
                              * <= 0 dropless */
+    int ep;               /* --expert_parallel: ranks per expert group (a run setting; <= 1 = off): each
+                           * rank holds experts [g*E/ep, (g+1)*E/ep) of every layer, g = rank % ep */
     char tokenizer[MF_PATH_MAX]; /* the run's tokenizer: gpt2, bytes, or a tokenizer.json's path */
 } mf_dims;
 
@@ -97,6 +99,13 @@ int64_t mf_model_block_matmul_params(const mf_dims *d);
 /* Attention score FLOPs of one block's forward on B sequences of T tokens
  * (QK^T and PV; the sliding window's skipped part excluded). */
 double mf_model_attention_flops(const mf_dims *d, int B, int T);
+/* Expert parallel (--expert_parallel; moe_ep.c, docs/moe.md): the bounds
+ * the plan sizes the exchange rows for, with N tokens per rank: rows this rank sends at most (send: N*k
+ * dropless, min(N*k, E*cap) with a capacity), rows its experts receive at
+ * most (recv: ep*N*min(k, E/ep), or min(that, E/ep*cap)), rows one expert
+ * gets at most (group: ep*N or min(ep*N, cap)); cap = the capacity of the
+ * group's ep*N tokens (0 dropless). */
+int mf_moe_ep_bounds(const mf_dims *d, int N, int64_t *send, int64_t *recv, int64_t *group, int *cap);
 /* Parameters as Hugging Face counts them (unpadded vocabulary; a shared
  * model counts its weight sets once). */
 int64_t mf_model_n_params(const mf_dims *d);
@@ -154,6 +163,8 @@ typedef struct {
     int frozen;         /* a base weight under LoRA: no gradient, no optimizer state (g = -1) */
     int qkind;          /* frozen Conv1D weight stored quantised (mf_quant_kind; 0 = fp32): row p is
                          * mf_quant_bytes(qkind, numel) U8 bytes, multiplied through quant.h's GEMMs */
+    int64_t ep_lo, ep_full; /* expert parallel: this rank's experts are elements [ep_lo, ep_lo + numel)
+                             * of the whole stack of ep_full elements; ep_full 0 for every other tensor */
 } mf_tensor;
 
 typedef struct {
@@ -170,6 +181,11 @@ typedef struct {
      * frac) is kept per layer under every recompute policy, so a rebuilt
      * block routes as the forward did */
     int moe[MF_MOE_BUF_COUNT];
+    /* expert parallel (moe_ep.c; -1 otherwise): the group's per-expert slot
+     * counts (ep x E i32), and the rows this rank's experts received: their
+     * grouped input (R_recv, C), each received row's grouped position
+     * (R_recv i32) and the group offsets (E/ep + 1 i32) */
+    int moe_ep[4];
 } mf_layer_acts;
 
 /* A block's tensors by what they do (mf_model.lt gives their offsets in
@@ -277,6 +293,13 @@ typedef struct {
     int64_t *moe_tokens;  /* (L,E) token-slots the router sent to each expert (before capacity drops) in the
                            * last training forward; NULL for a dense model */
     int moe_count;        /* the forward running now is a training one (it records moe_tokens) */
+    /* expert parallel (moe_ep.c; -1 otherwise): the exchange's receive
+     * row, the owner's output/input-gradient row (both R_recv x C in source
+     * order), the grouped output gradient (R_recv, C), the owner's routing
+     * weights (R_recv ones) and its discarded weight gradients (R_recv);
+     * the plan's bounds: rows this rank sends and receives at most */
+    int moe_ep_work[5];
+    int64_t moe_ep_send, moe_ep_recv;
     struct mf_teacher *teacher; /* distillation (distill.h): the frozen teacher, NULL without one */
 } mf_model;
 

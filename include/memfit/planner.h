@@ -111,6 +111,7 @@ typedef struct {
     size_t budget, runtime;
     int eff_batch, seq;
     int world, zero;      /* ranks planned for (world_size) and the ZeRO stage */
+    int group;            /* zero_group: ranks per shard group under hybrid sharding (0 = all of world) */
     double net_gbps;      /* bandwidth per rank the communication time assumes (0: none) */
     char offload_path[MF_PATH_MAX];
 } mf_planner_result;

@@ -69,7 +69,9 @@ static void print_plan_line(FILE *f, const mf_plan *p, size_t runtime, size_t bu
         fprintf(f, "%s%s %s", first ? "" : ", ", mf_cat_name((mf_cat)i), sz(p->peak_cat[i], a));
         first = 0;
     }
-    fprintf(f, ") + runtime %s = %s; budget %s\n", sz(runtime, b), sz(p->arena_bytes + runtime, c),
+    fprintf(f, ")");
+    if (p->outside_bytes) fprintf(f, " + comm outside the arena (MPI) %s", sz(p->outside_bytes, a));
+    fprintf(f, " + runtime %s = %s; budget %s\n", sz(runtime, b), sz(p->arena_bytes + p->outside_bytes + runtime, c),
             budget ? sz(budget, a) : "none");
 }
 
@@ -118,7 +120,8 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
     if (t->world > 1) {
         char s0[32], s1[32], s2[32], s3[32];
         fprintf(f, "collectives: Open MPI's (messages of at most %s); memory the MPI library kept for its first "
-                   "all-reduce %s, reduce-scatter %s, all-gather %s (measured at start, inside the process baseline)\n",
+                   "all-reduce %s, reduce-scatter %s, all-gather %s (measured at start, after the baseline: the plan's "
+                   "comm.mpi.* rows, outside the arena)\n",
                 sz((size_t)mf_dist_bucket() * sizeof(float), s0), sz(mf_dist_mpi_scratch(MF_DIST_ALLREDUCE), s1),
                 sz(mf_dist_mpi_scratch(MF_DIST_REDUCE_SCATTER), s2), sz(mf_dist_mpi_scratch(MF_DIST_ALLGATHER), s3));
     }
@@ -148,7 +151,7 @@ static int cmp_double(const void *a, const void *b) {
 void mf_report_planner(FILE *f, const mf_trainer *t, const double *step_s, int n) {
     if (!t->planned) return;
     char a[32], b[32], c[32];
-    size_t pred = t->ledger.rss_baseline + t->plan.arena_bytes, rss = mf_rss_peak();
+    size_t pred = t->ledger.rss_baseline + t->plan.arena_bytes + t->plan.outside_bytes, rss = mf_rss_peak();
     fprintf(f, "planner: predicted process %s, measured peak RSS %s (%+.2f%%), budget %s: %s\n", sz(pred, a),
             sz(rss, b), 100.0 * ((double)rss - (double)pred) / (double)pred, sz(t->cfg.budget, c),
             rss <= t->cfg.budget ? "within" : "EXCEEDED");
@@ -236,8 +239,9 @@ void mf_report_step(FILE *f, const mf_trainer *t, const mf_step_stats *st, doubl
         for (int c = 0; mem && c < MF_CAT_COUNT; c++) fprintf(metrics, ",\"mem_%s\":%zu", mf_cat_name((mf_cat)c), mem[c]);
         if (t->world > 1)
             fprintf(metrics, ",\"mpi_scratch_allreduce_bytes\":%zu,\"mpi_scratch_reduce_scatter_bytes\":%zu,"
-                             "\"mpi_scratch_allgather_bytes\":%zu", mf_dist_mpi_scratch(MF_DIST_ALLREDUCE),
-                    mf_dist_mpi_scratch(MF_DIST_REDUCE_SCATTER), mf_dist_mpi_scratch(MF_DIST_ALLGATHER));
+                             "\"mpi_scratch_allgather_bytes\":%zu,\"comm_mpi_bytes\":%zu", mf_dist_mpi_scratch(MF_DIST_ALLREDUCE),
+                    mf_dist_mpi_scratch(MF_DIST_REDUCE_SCATTER), mf_dist_mpi_scratch(MF_DIST_ALLGATHER),
+                    t->plan.outside_bytes);
         if (t->world > 1) {
             /* cumulative: collectives run in the step (sync), in the background, and waited for */
             double cs, cb, cw;
@@ -268,9 +272,14 @@ void mf_report_memory(FILE *f, const mf_trainer *t) {
     }
     fprintf(f, "  %-10s %16zu %16zu %8s\n", "total", p->peak_bytes, l->peak_total,
             p->peak_bytes == l->peak_total ? "exact" : "DIFF");
-    size_t rss = mf_rss_peak(), pred = l->rss_baseline + p->arena_bytes;
+    if (p->outside_bytes)
+        fprintf(f, "  %-10s %16zu %16s %8s   (outside the arena: the MPI library's, measured at start)\n", "comm (MPI)",
+                p->outside_bytes, "-", "-");
+    size_t rss = mf_rss_peak(), pred = l->rss_baseline + p->arena_bytes + p->outside_bytes;
     double diff = 100.0 * ((double)rss - (double)pred) / (double)pred;
-    fprintf(f, "  arena (with reuse) %s; process baseline %s\n", sz(p->arena_bytes, a), sz(l->rss_baseline, b));
+    fprintf(f, "  arena (with reuse) %s; process baseline %s", sz(p->arena_bytes, a), sz(l->rss_baseline, b));
+    if (p->outside_bytes) fprintf(f, "; comm outside the arena (MPI) %s", sz(p->outside_bytes, c));
+    fputc('\n', f);
     fprintf(f, "  predicted peak RSS %s, measured peak RSS (VmHWM) %s: %+.2f%%\n", sz(pred, a), sz(rss, c), diff);
 }
 
@@ -333,6 +342,7 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
         /* which worst case the moe.* rows are sized for (docs/moe.md) */
         int64_t R = 0, G = 0, N = (int64_t)m->B * m->T;
         mf_moe_buffer_sizes(NULL, &R, &G, (int)N, d->top_k, d->n_experts, d->C, d->ffn, d->capacity_factor);
+        if (m->d.ep > 1) mf_moe_ep_bounds(&m->d, (int)N, &R, NULL, &G, NULL);  /* the expert group's */
         fprintf(f, "mixture of experts: %d experts, top-%d, %lld active params per token; expert weights %s per layer; ",
                 d->n_experts, d->top_k, (long long)mf_model_n_active(d), sz(expert_bytes(p, 0), a));
         if (m->moe_capacity > 0)
@@ -341,6 +351,18 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
         else
             fprintf(f, "dropless: routing rows sized for the worst case, %lld permuted rows (tokens x top-k), "
                        "%lld on one expert at most\n", (long long)R, (long long)G);
+        if (d->ep > 1 && m->d.ep > 1) {
+            /* expert parallel (moe_ep.c): rank 0's experts and its exchange rows */
+            int El = d->n_experts / m->d.ep, g = m->opt.rank % m->d.ep;
+            fprintf(f, "expert parallel over groups of %d ranks: this rank holds experts %d-%d of each layer (%s of "
+                       "expert weights), sends at most %lld rows and receives at most %lld (%s)\n",
+                    m->d.ep, g * El, g * El + El - 1, sz(expert_bytes(p, 0), a), (long long)m->moe_ep_send,
+                    (long long)m->moe_ep_recv,
+                    m->moe_capacity > 0 ? "capacity bound: at most capacity rows per expert, the capacity of the "
+                                          "group's tokens"
+                                        : "dropless bound: every token of every rank in the group could pick this "
+                                          "rank's experts");
+        }
     }
     teacher_line(f, m, p);
     if (m->opt.world > 1) {
@@ -365,10 +387,25 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
     fprintf(f, "  %-12s %14zu %12s\n", "total", p->peak_bytes, sz(p->peak_bytes, a));
     if (p->disk_bytes)
         fprintf(f, "  %-12s %14zu %12s   (optimizer state in %s, streamed through the offload windows)\n", "on disk",
-                p->disk_bytes, sz(p->disk_bytes, a), m->opt.offload_path);
+                p->disk_bytes, sz(p->disk_bytes, a), m->opt.world > 1 ? "PATH.rank<r> per rank" : m->opt.offload_path);
     fprintf(f, "  %-12s %14zu %12s   (lifetimes let buffers share bytes)\n", "arena", p->arena_bytes, sz(p->arena_bytes, a));
+    if (m->opt.world > 1) {
+        /* the comm.mpi.* rows: MPI's own scratch for the collectives */
+        size_t mpi[MF_DIST_COLL_COUNT] = {0};
+        for (int c = 0; c < MF_DIST_COLL_COUNT; c++) {
+            static const char *nm[MF_DIST_COLL_COUNT] = {"comm.mpi.allreduce", "comm.mpi.reduce_scatter", "comm.mpi.allgather"};
+            int id = mf_plan_find(p, nm[c]);
+            mpi[c] = id >= 0 ? p->bufs[id].bytes : 0;
+        }
+        char c0[32], c1[32], c2[32];
+        fprintf(f, "  %-12s %14zu %12s   (outside the arena: MPI's scratch per rank for all-reduce %s, reduce-scatter %s, "
+                   "all-gather %s at %s messages; %s)\n", "comm (MPI)", p->outside_bytes, sz(p->outside_bytes, a),
+                sz(mpi[0], c0), sz(mpi[1], c1), sz(mpi[2], c2), sz((size_t)mf_dist_bucket() * sizeof(float), b),
+                mf_dist_scratch_source_name(mf_dist_scratch_source()));
+    }
     fprintf(f, "  %-12s %14zu %12s   (measured: this process before the arena)\n", "runtime", runtime, sz(runtime, a));
-    fprintf(f, "  %-12s %14zu %12s\n", "process", p->arena_bytes + runtime, sz(p->arena_bytes + runtime, a));
+    size_t proc = p->arena_bytes + p->outside_bytes + runtime;
+    fprintf(f, "  %-12s %14zu %12s\n", "process", proc, sz(proc, a));
     (void)tot;
     size_t(*rows)[MF_CAT_COUNT] = calloc((size_t)d->L + 1, sizeof *rows);
     if (!rows) return;
@@ -399,6 +436,7 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
     if (d->n_experts > 0) {
         int64_t R = 0, G = 0;
         mf_moe_buffer_sizes(NULL, &R, &G, m->B * m->T, d->top_k, d->n_experts, d->C, d->ffn, d->capacity_factor);
+        if (m->d.ep > 1) mf_moe_ep_bounds(&m->d, m->B * m->T, &R, NULL, &G, NULL);  /* the expert group's */
         cJSON *mo = cJSON_AddObjectToObject(o, "moe");
         cJSON_AddNumberToObject(mo, "n_experts", d->n_experts);
         cJSON_AddNumberToObject(mo, "top_k", d->top_k);
@@ -407,6 +445,13 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
         cJSON_AddStringToObject(mo, "bound", m->moe_capacity > 0 ? "capacity" : "dropless");
         cJSON_AddNumberToObject(mo, "permuted_rows", (double)R);
         cJSON_AddNumberToObject(mo, "group_rows", (double)G);
+        if (m->d.ep > 1) {
+            cJSON *ep = cJSON_AddObjectToObject(mo, "expert_parallel");
+            cJSON_AddNumberToObject(ep, "group_ranks", m->d.ep);
+            cJSON_AddNumberToObject(ep, "experts_per_rank", d->n_experts / m->d.ep);
+            cJSON_AddNumberToObject(ep, "send_rows", (double)m->moe_ep_send);
+            cJSON_AddNumberToObject(ep, "recv_rows", (double)m->moe_ep_recv);
+        }
     }
     if (m->lora.r > 0) {
         char tg[128];
@@ -443,7 +488,24 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
     cJSON_AddNumberToObject(o, "disk", (double)p->disk_bytes);
     cJSON_AddNumberToObject(o, "arena", (double)p->arena_bytes);
     cJSON_AddNumberToObject(o, "runtime", (double)runtime);
-    cJSON_AddNumberToObject(o, "process", (double)(p->arena_bytes + runtime));
+    {
+        /* the comm.mpi.* rows: MPI's own scratch, outside the arena */
+        cJSON *cm = cJSON_AddObjectToObject(o, "comm_mpi");
+        static const char *nm[MF_DIST_COLL_COUNT] = {"allreduce", "reduce_scatter", "allgather"};
+        for (int c = 0; c < MF_DIST_COLL_COUNT; c++) {
+            char row[64];
+            snprintf(row, sizeof row, "comm.mpi.%s", nm[c]);
+            int id = mf_plan_find(p, row);
+            cJSON_AddNumberToObject(cm, nm[c], id >= 0 ? (double)p->bufs[id].bytes : 0);
+        }
+        cJSON_AddNumberToObject(cm, "total", (double)p->outside_bytes);
+        mf_dist_scratch_src src = m->opt.world > 1 ? mf_dist_scratch_source() : MF_DIST_SCRATCH_NONE;
+        cJSON_AddStringToObject(cm, "source", src == MF_DIST_SCRATCH_MEASURED ? "measured"
+                                              : src == MF_DIST_SCRATCH_CACHED ? "cached"
+                                              : src == MF_DIST_SCRATCH_DEFAULT ? "default" : "none");
+        cJSON_AddNumberToObject(cm, "bucket_bytes", (double)mf_dist_bucket() * sizeof(float));
+    }
+    cJSON_AddNumberToObject(o, "process", (double)(p->arena_bytes + p->outside_bytes + runtime));
     /* bytes; 0 = no budget (as in the config) */
     cJSON_AddNumberToObject(o, "budget", (double)cfg->budget);
     size_t(*rows)[MF_CAT_COUNT] = calloc((size_t)d->L + 1, sizeof *rows);

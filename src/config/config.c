@@ -111,6 +111,7 @@ static const key_row keys[] = {
     {"zero", T_INT, F(zero), 0, "0", 0, 3, "data parallel under mpirun: 0 = gradients all-reduced, 1 = optimizer state sharded over the ranks, 2 = gradients sharded too, 3 = parameters sharded too (each layer's gathered for its phases)"},
     {"world_size", T_INT, F(world_size), 0, "1", 1, 1 << 20, "ranks to plan for (memfit estimate and memfit plan, per rank; memfit train under mpirun takes the launcher's)"},
     {"zero_group", T_INT, F(zero_group), 0, "0", 0, 1 << 20, "hybrid sharding (FSDP's hybrid shard): ZeRO shards within groups of this many consecutive ranks and replicates across the groups (must divide the ranks; 0 = one group of all ranks)"},
+    {"expert_parallel", T_INT, F(expert_parallel), 0, "1", 1, 1 << 20, "mixture of experts under mpirun: groups of N consecutive ranks each hold E / N whole experts (params, grads, optimizer state) and exchange tokens with MPI_Alltoallv; the rest stays data parallel (N divides the ranks and the experts; zero 0, fp32, no LoRA; 1 = off)"},
     {"dist_timeout", T_FLOAT, F(dist_timeout), 0, "300", 0, 1e9, "data parallel: seconds a collective waits for another rank before the job stops with a message (0 = forever)"},
     {"net_gbps", T_FLOAT, F(net_gbps), 0, "0", 0, 1e9, "memfit plan --world_size N: each rank's network bandwidth in Gbit/s, to predict the step time with its communication (0 = compute only)"},
     {"log_every", T_INT, F(log_every), 0, "1", 1, 1 << 30, "print a log line every N steps"},

@@ -79,7 +79,7 @@ int mf_arena_init(mf_arena *a, const mf_plan *plan, mf_ledger *ledger) {
      * buffers) hold their bytes from now on */
     for (int i = 0; i < plan->n; i++) {
         const mf_buf *b = &plan->bufs[i];
-        if (!b->disk && b->first == 0 && b->last == plan->n_phases - 1) {
+        if (!b->disk && !b->outside && b->first == 0 && b->last == plan->n_phases - 1) {
             a->live[i] = 1;
             mf_ledger_add(ledger, b->cat, b->bytes);
         }
@@ -127,6 +127,7 @@ void *mf_arena_get(mf_arena *a, int id) {
     if (id < 0 || id >= a->plan->n) mf_panic("arena: no buffer %d", id);
     const mf_buf *b = &a->plan->bufs[id];
     if (b->disk) mf_panic("arena: buffer %s lives in the offload file", b->name);
+    if (b->outside) mf_panic("arena: buffer %s is memory outside the arena (the MPI library's)", b->name);
     if (a->phase < b->first || a->phase > b->last)
         mf_panic("arena: buffer %s used in phase %d outside its lifetime [%d, %d]",
                  b->name, a->phase, b->first, b->last);
@@ -140,6 +141,7 @@ void *mf_arena_get(mf_arena *a, int id) {
 void *mf_arena_ptr(const mf_arena *a, int id) {
     if (id < 0 || id >= a->plan->n) mf_panic("arena: no buffer %d", id);
     if (a->plan->bufs[id].disk) mf_panic("arena: buffer %s lives in the offload file", a->plan->bufs[id].name);
+    if (a->plan->bufs[id].outside) mf_panic("arena: buffer %s is memory outside the arena", a->plan->bufs[id].name);
     return a->base + a->plan->bufs[id].offset;
 }
 
@@ -157,7 +159,7 @@ static float row_at(const mf_buf *b, const void *p, int64_t j, int *ok) {
 static int scan_row(const mf_arena *a, int id, int maxabs, int64_t *idx, float *val) {
     if (id < 0 || id >= a->plan->n) return 0;
     const mf_buf *b = &a->plan->bufs[id];
-    if (b->disk || !a->live[id]) return 0;
+    if (b->disk || b->outside || !a->live[id]) return 0;
     const void *p = a->base + b->offset;
     int found = 0;
     float best = -1;

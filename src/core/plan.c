@@ -71,6 +71,8 @@ static int is_persistent(const mf_plan *p, const mf_buf *b) {
     return b->first == 0 && b->last == p->n_phases - 1;
 }
 
+static int in_arena(const mf_buf *b) { return !b->disk && !b->outside; }
+
 static const mf_plan *sort_plan;
 static int by_size_desc(const void *x, const void *y) {
     const mf_buf *a = &sort_plan->bufs[*(const int *)x], *b = &sort_plan->bufs[*(const int *)y];
@@ -91,10 +93,10 @@ void mf_plan_layout(mf_plan *p) {
     span *busy = malloc((size_t)(n ? n : 1) * sizeof *busy);
     if (!order || !placed || !busy) mf_panic("out of memory laying out %d buffers", n);
     int no = 0;
-    for (int i = 0; i < n; i++) if (!p->bufs[i].disk && is_persistent(p, &p->bufs[i])) order[no++] = i;
+    for (int i = 0; i < n; i++) if (in_arena(&p->bufs[i]) && is_persistent(p, &p->bufs[i])) order[no++] = i;
     int np = no;
-    for (int i = 0; i < n; i++) if (!p->bufs[i].disk && !is_persistent(p, &p->bufs[i])) order[no++] = i;
-    n = no;  /* disk rows take no arena bytes */
+    for (int i = 0; i < n; i++) if (in_arena(&p->bufs[i]) && !is_persistent(p, &p->bufs[i])) order[no++] = i;
+    n = no;  /* disk and outside rows take no arena bytes */
     sort_plan = p;  /* layout runs once at start-up on one thread */
     qsort(order + np, (size_t)(n - np), sizeof *order, by_size_desc);
 
@@ -126,9 +128,10 @@ void mf_plan_layout(mf_plan *p) {
     p->peak_phase = 0;
     memset(p->total_cat, 0, sizeof p->total_cat);
     memset(p->max_cat, 0, sizeof p->max_cat);
-    p->disk_bytes = 0;
+    p->disk_bytes = p->outside_bytes = 0;
     for (int i = 0; i < p->n; i++) {
         if (p->bufs[i].disk) p->disk_bytes += p->bufs[i].bytes;
+        else if (p->bufs[i].outside) p->outside_bytes += p->bufs[i].bytes;
         else p->total_cat[p->bufs[i].cat] += p->bufs[i].bytes;
     }
     size_t live[MF_CAT_COUNT];
@@ -151,12 +154,12 @@ void mf_plan_live_at(const mf_plan *p, int ph, size_t *out) {
     memset(out, 0, MF_CAT_COUNT * sizeof *out);
     for (int i = 0; i < p->n; i++) {
         const mf_buf *b = &p->bufs[i];
-        if (!b->disk && b->first <= ph && ph <= b->last) out[b->cat] += b->bytes;
+        if (in_arena(b) && b->first <= ph && ph <= b->last) out[b->cat] += b->bytes;
     }
 }
 
 int mf_plan_check_budget(const mf_plan *p, size_t overhead, size_t budget) {
-    size_t need = p->arena_bytes + overhead;
+    size_t need = p->arena_bytes + p->outside_bytes + overhead;
     if (budget == 0 || need <= budget) return 0;
     char list[768] = "", tmp[32], a[32], b[32], c[32];
     size_t len = 0;
@@ -166,6 +169,9 @@ int mf_plan_check_budget(const mf_plan *p, size_t overhead, size_t budget) {
                                 mf_cat_name((mf_cat)i), mf_size_format(p->peak_cat[i], tmp, sizeof tmp));
         if (len >= sizeof list) break;
     }
+    if (p->outside_bytes && len < sizeof list)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%scomm outside the arena (MPI) %s", len ? ", " : "",
+                                mf_size_format(p->outside_bytes, tmp, sizeof tmp));
     return mf_fail("plan needs %s (%s; runtime %s) but the budget is %s: over by %s",
                    mf_size_format(need, a, sizeof a), list, mf_size_format(overhead, tmp, sizeof tmp),
                    mf_size_format(budget, b, sizeof b), mf_size_format(need - budget, c, sizeof c));

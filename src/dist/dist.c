@@ -10,10 +10,13 @@
 
 #include <mpi.h>
 #include <pthread.h>
+#include <glob.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -120,35 +123,138 @@ static void stop_install(void) {
 
 static int64_t g_bucket = MF_DIST_BUCKET;
 static size_t g_scratch[MF_DIST_COLL_COUNT];
+static int g_measured;                                /* mf_dist_measure_scratch ran */
+static mf_dist_scratch_src g_scratch_src = MF_DIST_SCRATCH_DEFAULT;  /* of the last mf_dist_scratch_plan */
 
-/* Each collective once on a full bucket, before the trainer reads its
- * baseline RSS: the memory the MPI library keeps for it (its algorithms'
- * temporaries, the transport's fragments and registration caches) is
- * resident from then on, measured here as the RSS each first call adds
- * beyond the caller's own buffers, and so part of the measured baseline the
- * plan is checked against (mf_dist_mpi_scratch reports it per collective).
- * The messages of the step are never larger than this bucket. */
-static int measure_scratch(void) {
+/* Each collective once on a full bucket, after the trainer read its
+ * baseline RSS (the first plan asks for it, before the arena is mapped):
+ * the memory the MPI library keeps for it (its algorithms' temporaries, the
+ * transport's fragments and registration caches) is resident from then on,
+ * measured here as the RSS each first call adds beyond the caller's own
+ * buffer. These are the plan's comm.mpi.* rows. The messages of the step
+ * are never larger than this bucket. */
+static void scratch_cache_save(void);
+
+int mf_dist_measure_scratch(void) {
+    if (g_measured || !g_active || g_world == 1) return 0;
+    g_measured = 1;
     int64_t b = g_bucket;
-    float *buf = malloc((size_t)(2 * b) * sizeof *buf);
-    if (!buf) return mf_fail("rank %d: out of memory for the collectives' warm-up (%lld floats)", g_rank, (long long)(2 * b));
-    for (int64_t i = 0; i < 2 * b; i++) buf[i] = 0;  /* resident before the first reading */
+    /* the packed reduce-scatter and the rings need a bucket of scratch beside it */
+    int64_t nb = use_ring() || rs_block() ? 2 * b : b;
+    /* mapped and unmapped here, not malloc'd: a freed heap block can stay
+     * resident and would then be bytes no row holds */
+    size_t len = (size_t)nb * sizeof(float);
+    void *mp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    float *buf = mp == MAP_FAILED ? NULL : mp;
+    if (!buf) return mf_fail("rank %d: out of memory for the collectives' warm-up (%lld floats)", g_rank, (long long)nb);
+    for (int64_t i = 0; i < nb; i++) buf[i] = 0;  /* resident before the first reading */
     size_t r = mf_rss_current();
+    double bytes = g_comm_bytes, ts = g_t_sync;
     for (int c = 0; c < MF_DIST_COLL_COUNT; c++) {
-        int rc = c == MF_DIST_ALLREDUCE ? mf_dist_allreduce(buf, b, buf + b, b)
-               : c == MF_DIST_REDUCE_SCATTER ? mf_dist_reduce_scatter(buf, b, buf + b, b)
+        int rc = c == MF_DIST_ALLREDUCE ? mf_dist_allreduce(buf, b, nb > b ? buf + b : NULL, nb > b ? b : 0)
+               : c == MF_DIST_REDUCE_SCATTER ? mf_dist_reduce_scatter(buf, b, nb > b ? buf + b : NULL, nb > b ? b : 0)
                : mf_dist_allgather(buf, b);
-        if (rc) { free(buf); return -1; }
+        if (rc) { munmap(buf, len); return -1; }
         size_t now = mf_rss_current();
         g_scratch[c] = now > r ? now - r : 0;
         r = now > r ? now : r;
     }
-    free(buf);
+    munmap(buf, len);
+    g_comm_bytes = bytes, g_t_sync = ts;  /* the step's volume and times only */
+    if (g_rank == 0) scratch_cache_save();
     return 0;
 }
 
 size_t mf_dist_mpi_scratch(mf_dist_coll c) { return c >= 0 && c < MF_DIST_COLL_COUNT ? g_scratch[c] : 0; }
 int64_t mf_dist_bucket(void) { return g_bucket; }
+
+/* The transport the measurement belongs to: Open MPI's byte-transfer
+ * layers as mpirun --mca btl (or the environment) names them */
+static void transport_name(char *buf, size_t n) {
+    const char *e = getenv("OMPI_MCA_btl");
+    snprintf(buf, n, "%s", e && *e ? e : "default");
+    for (char *p = buf; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-')) *p = '_';
+}
+
+/* $MEMFIT_CACHE/mpi-scratch-v1-HOST-bBUCKET-wWORLD-TRANSPORT.txt, or with
+ * transport "*" the glob of every transport's file */
+static void cache_path(char *buf, size_t n, int world, const char *transport) {
+    char dir[MF_PATH_MAX], host[128] = "host";
+    gethostname(host, sizeof host - 1);
+    for (char *p = host; *p; p++) if (*p == '/') *p = '_';
+    snprintf(buf, n, "%s/mpi-scratch-v1-%s-b%lld-w%d-%s.txt", mf_cache_dir(dir, sizeof dir), host, (long long)g_bucket,
+             world, transport);
+}
+
+static int cache_load(const char *path, size_t out[MF_DIST_COLL_COUNT]) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    unsigned long long v[MF_DIST_COLL_COUNT];
+    int ok = fscanf(f, "memfit-mpi-scratch 1\nallreduce %llu\nreduce_scatter %llu\nallgather %llu\n", &v[0], &v[1],
+                    &v[2]) == 3;
+    fclose(f);
+    for (int c = 0; ok && c < MF_DIST_COLL_COUNT; c++) out[c] = (size_t)v[c];
+    return ok ? 0 : -1;
+}
+
+static void scratch_cache_save(void) {
+    char tr[128], path[MF_PATH_MAX + 400], tmp[MF_PATH_MAX + 480];
+    transport_name(tr, sizeof tr);
+    cache_path(path, sizeof path, g_world, tr);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;  /* no cache folder: estimate uses the default */
+    fprintf(f, "memfit-mpi-scratch 1\nallreduce %zu\nreduce_scatter %zu\nallgather %zu\n", g_scratch[0], g_scratch[1],
+            g_scratch[2]);
+    if (fclose(f) == 0) rename(tmp, path);
+    else unlink(tmp);
+}
+
+mf_dist_scratch_src mf_dist_scratch_plan(int world, size_t *out) {
+    memset(out, 0, MF_DIST_COLL_COUNT * sizeof *out);
+    if (world <= 1) return g_scratch_src = MF_DIST_SCRATCH_NONE;
+    if (g_active && g_world > 1 && g_measured && world == g_world) {
+        memcpy(out, g_scratch, sizeof g_scratch);
+        return g_scratch_src = MF_DIST_SCRATCH_MEASURED;
+    }
+    /* no MPI here (estimate, plan): this machine's measurement for this
+     * transport, else the largest over the transports measured, else the
+     * default */
+    char tr[128], path[MF_PATH_MAX + 400];
+    transport_name(tr, sizeof tr);
+    cache_path(path, sizeof path, world, tr);
+    if (cache_load(path, out) == 0) return g_scratch_src = MF_DIST_SCRATCH_CACHED;
+    cache_path(path, sizeof path, world, "*");
+    glob_t gl;
+    int found = 0;
+    if (glob(path, 0, NULL, &gl) == 0) {
+        for (size_t i = 0; i < gl.gl_pathc; i++) {
+            size_t v[MF_DIST_COLL_COUNT];
+            if (cache_load(gl.gl_pathv[i], v)) continue;
+            for (int c = 0; c < MF_DIST_COLL_COUNT; c++) out[c] = v[c] > out[c] ? v[c] : out[c];
+            found = 1;
+        }
+        globfree(&gl);
+    }
+    if (found) return g_scratch_src = MF_DIST_SCRATCH_CACHED;
+    /* measured here (Open MPI 4.1, 2-3 ranks, shared memory and TCP): the
+     * all-reduce 1.00-1.15x the bucket's bytes, the reduce-scatter
+     * 0.5-1.39x, the all-gather nothing; the default takes 1.5x for both */
+    size_t bb = (size_t)g_bucket * sizeof(float);
+    out[MF_DIST_ALLREDUCE] = out[MF_DIST_REDUCE_SCATTER] = bb + bb / 2;
+    out[MF_DIST_ALLGATHER] = 0;
+    return g_scratch_src = MF_DIST_SCRATCH_DEFAULT;
+}
+
+mf_dist_scratch_src mf_dist_scratch_source(void) { return g_scratch_src; }
+
+const char *mf_dist_scratch_source_name(mf_dist_scratch_src s) {
+    return s == MF_DIST_SCRATCH_MEASURED ? "measured at start"
+         : s == MF_DIST_SCRATCH_CACHED ? "measured by an earlier run on this machine"
+         : s == MF_DIST_SCRATCH_DEFAULT ? "default: never measured here, 1.5x the bucket for all-reduce and reduce-scatter"
+         : "none";
+}
 
 int mf_dist_init(void) {
     if (g_init) return 0;
@@ -168,7 +274,6 @@ int mf_dist_init(void) {
      * before the trainer reads its baseline RSS */
     float x[2] = {0, 0};
     if (g_world > 1 && mf_dist_allgather(x, 2)) return -1;
-    if (g_world > 1 && measure_scratch()) return -1;
     g_comm_bytes = g_t_sync = 0;  /* the step's volume and times only */
     return 0;
 }
@@ -235,6 +340,8 @@ static int wait_req(MPI_Request *req, int nreq, const char *what) {
         }
     }
 }
+
+int mf_dist_wait(void *req, int n, const char *what) { return wait_req((MPI_Request *)req, n, what); }
 
 /* Any collective of the main thread first joins ZeRO 3's prefetch thread
  * (MPI runs THREAD_SERIALIZED). */
@@ -626,6 +733,40 @@ int mf_dist_set_group(int n) {
 }
 
 int mf_dist_group(void) { return g_gc.size; }
+
+const char *mf_dist_rank_path(const char *path, char *buf, size_t n) {
+    if (g_world > 1) snprintf(buf, n, "%s.rank%d", path, g_rank);
+    else snprintf(buf, n, "%s", path);
+    return buf;
+}
+
+int mf_dist_file_private(int fd, const char *path) {
+    if (!g_active || g_world == 1) return 0;
+    /* (host, device, inode): two ranks on one host with the same file, or
+     * a link; the host keeps equal inode numbers on two nodes' own disks apart */
+    struct stat st;
+    if (fstat(fd, &st) != 0) return mf_fail("rank %d: cannot stat %s", g_rank, path);
+    char host[64] = "";
+    gethostname(host, sizeof host - 1);
+    uint64_t h = 1469598103934665603ull;  /* FNV-1a of the host name */
+    for (const char *p = host; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    uint64_t mine[3] = {h, (uint64_t)st.st_dev, (uint64_t)st.st_ino};
+    uint64_t *all = calloc((size_t)g_world * 3, sizeof *all);
+    if (!all) return mf_fail("out of memory");
+    if (join_prefetch()) { free(all); return -1; }
+    MPI_Request req;
+    int rc = MPI_Iallgather(mine, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, MPI_COMM_WORLD, &req);
+    if (rc != MPI_SUCCESS) { free(all); return mpi_fail(rc, "comparing the ranks' files"); }
+    if (wait_req(&req, 1, "comparing the ranks' files")) { free(all); return -1; }
+    int other = -1;
+    for (int r = 0; r < g_world && other < 0; r++)
+        if (r != g_rank && all[3 * r] == h && all[3 * r + 1] == mine[1] && all[3 * r + 2] == mine[2]) other = r;
+    free(all);
+    if (other >= 0)
+        return mf_fail("rank %d: offload file %s is the same file as rank %d's (a link?); each rank needs a file of its "
+                       "own: remove the link or give another --offload path", g_rank, path, other);
+    return 0;
+}
 
 int mf_dist_stop_agree(int *sig) {
     int mine = *sig ? *sig : g_stop_sig;

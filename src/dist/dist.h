@@ -9,8 +9,9 @@
  * (MPI_Iallreduce, MPI_Ireduce to each shard's owner or with
  * MEMFIT_DIST_RS=block MPI_Ireduce_scatter_block, MPI_Iallgatherv, in place),
  * cut into messages of at most MF_DIST_BUCKET floats; memfit's scratch for
- * them is the planned `comm` row, and the library's own scratch for a
- * bucket is measured at start, inside the baseline (MEMFIT_DIST_RING=1
+ * them is the planned comm.bucket row, and the library's own scratch for a
+ * bucket is measured once and planned as the comm.mpi.* rows, outside the
+ * arena (MEMFIT_DIST_RING=1
  * runs memfit's former rings of MPI_Sendrecv instead); every rank ends
  * a collective with bitwise the same values; results do not depend on the
  * number of ranks beyond float summation order. A failed MPI call returns -1
@@ -60,10 +61,32 @@ void mf_dist_set_timeout(double seconds);
 #define MF_DIST_BUCKET (1 << 20)
 int64_t mf_dist_bucket(void);
 typedef enum { MF_DIST_ALLREDUCE, MF_DIST_REDUCE_SCATTER, MF_DIST_ALLGATHER, MF_DIST_COLL_COUNT } mf_dist_coll;
-/* Resident bytes the MPI library added for each collective's first call on
- * a full bucket, measured by mf_dist_init before the trainer reads its
- * baseline (so inside that baseline); 0 without MPI or on one rank. */
+/* Measures, once, the resident bytes the MPI library adds for each
+ * collective's first call on a full bucket (collective: every rank calls
+ * it, at the same point). The first training plan calls it (mf_zero_plan),
+ * after the trainer read its baseline RSS and before the arena is mapped,
+ * so the baseline holds none of it and the plan's comm.mpi.* rows hold it.
+ * Rank 0 caches the result per host, bucket, world size and transport
+ * (OMPI_MCA_btl) in $MEMFIT_CACHE for estimate and plan. No-op without MPI
+ * or on one rank. */
+int mf_dist_measure_scratch(void);
+/* This run's measurement (0 before it, without MPI or on one rank). */
 size_t mf_dist_mpi_scratch(mf_dist_coll c);
+/* Where the comm.mpi.* rows' sizes came from. */
+typedef enum {
+    MF_DIST_SCRATCH_NONE,     /* one rank: no rows */
+    MF_DIST_SCRATCH_DEFAULT,  /* never measured on this machine: 1.5 x the bucket's bytes for the all-reduce and the
+                               * reduce-scatter, 0 for the all-gather */
+    MF_DIST_SCRATCH_CACHED,   /* an earlier run's measurement on this machine (same bucket and world size; this
+                               * transport's, else the largest over the transports measured) */
+    MF_DIST_SCRATCH_MEASURED  /* this run's (mf_dist_measure_scratch) */
+} mf_dist_scratch_src;
+/* The bytes per collective to plan for `world` ranks (out has
+ * MF_DIST_COLL_COUNT entries) and where they came from. */
+mf_dist_scratch_src mf_dist_scratch_plan(int world, size_t *out);
+/* The source of the last mf_dist_scratch_plan, and its description. */
+mf_dist_scratch_src mf_dist_scratch_source(void);
+const char *mf_dist_scratch_source_name(mf_dist_scratch_src s);
 
 /* Rank r's shard of n elements: [lo, hi) with lo = n*r/world (floor). */
 void mf_dist_shard(int64_t n, int world, int rank, int64_t *lo, int64_t *hi);
@@ -120,15 +143,62 @@ int mf_dist_set_group(int n);
 /* Ranks in this rank's shard group (the world without zero_group). */
 int mf_dist_group(void);
 
+/* Completes n MPI requests (MPI_Request *req) as every collective here
+ * does: polled, failing after dist_timeout without progress. For
+ * alltoall.c; `what` names the collective in the message. */
+int mf_dist_wait(void *req, int n, const char *what);
+
+/* ---- expert parallel (alltoall.c) --------------------------------------- */
+
+/* Refuses what expert_parallel (cfg) cannot do on `world` ranks: N not
+ * dividing the ranks, ZeRO 1-3, zero_group, LoRA/QLoRA, recompute that
+ * rebuilds whole blocks; train (1) also: no MPI launcher, and writing or
+ * reading model files (out_dir, init, resume, adapter). 0 when N <= 1. */
+int mf_dist_ep_check(const mf_config *cfg, int world, int train);
+/* Splits the world into expert groups of n consecutive ranks (rank / n)
+ * and the replica sets of the ranks holding the same experts (rank % n);
+ * collective, once at the trainer's start. n <= 1: nothing. */
+int mf_dist_ep_init(int n);
+/* Ranks in this rank's expert group, and this rank's place in it (1, 0
+ * before mf_dist_ep_init or without expert parallelism). */
+int mf_dist_ep_size(void);
+int mf_dist_ep_rank(void);
+/* MPI_Allgather of E ints per rank within the expert group, in group rank
+ * order: all[p*E + e] = rank p's mine[e]. */
+int mf_dist_ep_allgather_ints(const int32_t *mine, int32_t *all, int E);
+/* MPI_Alltoallv of floats within the expert group: scnt[p] floats from
+ * send + sdisp[p] go to group rank p, rcnt[p] floats from p land at
+ * recv + rdisp[p] (counts and displacements in floats, each below 2^31). */
+int mf_dist_ep_alltoallv(const float *send, const int64_t *scnt, const int64_t *sdisp, float *recv,
+                         const int64_t *rcnt, const int64_t *rdisp);
+/* Sum of x[n] over the ranks that hold the same experts (the W / N
+ * replicas), in place, by buckets: the experts' gradients. */
+int mf_dist_ep_allreduce(float *x, int64_t n);
+/* Sums n doubles over the expert group, in rank order (the same bits on
+ * every rank of the group). */
+int mf_dist_ep_sum_doubles(double *x, int n);
+
+/* A file path of this rank's own: `path` on one rank, else
+ * "path.rank<r>" (offload files under mpirun). Returns buf. */
+const char *mf_dist_rank_path(const char *path, char *buf, size_t n);
+/* Collective: refuses (-1, one line naming both paths) when the open file
+ * fd is the same file (host, device, inode) as another rank's, as when a
+ * rank's path is a link to another's. 0 on one rank. */
+int mf_dist_file_private(int fd, const char *path);
+
 /* ---- ZeRO ------------------------------------------------------------- */
 
 /* Refuses settings ZeRO cannot honour on `world` ranks (a batch not
  * divisible by the ranks, stage 3 with block recompute, an optimizer whose state is not
- * element-wise under sharding, update_in_backward or offload across ranks). */
+ * element-wise under sharding, update_in_backward, offload with stages 1-3). */
 int mf_zero_check(const mf_config *cfg, int world);
 /* The plan rows data parallelism adds to a training plan whose model was
- * planned with m->opt.zero/world/rank: the reduce-scatter's bucket scratch (comm.bucket),
- * alive only while collectives run. None on one rank. */
+ * planned with m->opt.zero/world/rank: the reduce-scatter's bucket scratch
+ * (comm.bucket, in the arena), alive only while collectives run, and the
+ * MPI library's own scratch per collective (comm.mpi.allreduce,
+ * comm.mpi.reduce_scatter, comm.mpi.allgather: persistent rows outside the
+ * arena, sized by mf_dist_scratch_plan; under MPI the first call measures
+ * them). None on one rank. */
 int mf_zero_plan(mf_plan *plan, const mf_model *m);
 /* Ranks one tensor is sharded over: zero_group, or the world when 0. */
 int mf_zero_shards(const mf_optim *o);

@@ -44,7 +44,9 @@ int mf_zero_check(const mf_config *cfg, int world) {
     if (cfg->update_in_backward)
         return mf_fail("update_in_backward cannot be combined with data parallelism over %d ranks (the update needs "
                        "the gradient summed over the ranks)", world);
-    if (cfg->offload[0]) return mf_fail("offload cannot be combined with data parallelism over %d ranks yet", world);
+    if (cfg->offload[0] && cfg->zero >= 1)
+        return mf_fail("offload with zero %d over %d ranks: the offload file streams each tensor's whole optimizer state, "
+                       "not a shard; use zero 0 (each rank then streams its own file, PATH.rank<r>)", cfg->zero, world);
     if (cfg->zero >= 1 && (strcmp(cfg->optimizer, "adamw8bit") == 0 || strcmp(cfg->optimizer, "adafactor") == 0))
         return mf_fail("zero %d shards optimizer state by elements; %s state is per block or per row and column, "
                        "use adamw or sgd, or zero 0", cfg->zero, cfg->optimizer);
@@ -79,7 +81,20 @@ int mf_zero_plan(mf_plan *plan, const mf_model *mc) {
     int last = m->opt.zero >= 2 ? mf_phase_emb_bwd(m) : mf_phase_optim(m);
     int64_t shape[1] = {mf_zero_ring_numel(m)};
     m->comm = mf_plan_add(plan, "comm.bucket", MF_CAT_COMM, MF_DTYPE_F32, 1, shape, first, last, -1);
-    return m->comm < 0 ? -1 : 0;
+    if (m->comm < 0) return -1;
+    /* the MPI library's own memory for the collectives at the planned
+     * bucket: outside the arena (no ledger), resident for the whole run */
+    if (mf_dist_measure_scratch()) return -1;
+    size_t mpi[MF_DIST_COLL_COUNT];
+    mf_dist_scratch_plan(m->opt.world, mpi);
+    static const char *name[MF_DIST_COLL_COUNT] = {"comm.mpi.allreduce", "comm.mpi.reduce_scatter", "comm.mpi.allgather"};
+    for (int c = 0; c < MF_DIST_COLL_COUNT; c++) {
+        int64_t sh[1] = {(int64_t)mpi[c]};
+        int id = mf_plan_add(plan, name[c], MF_CAT_COMM, MF_DTYPE_U8, 1, sh, 0, plan->n_phases - 1, -1);
+        if (id < 0) return -1;
+        plan->bufs[id].outside = 1;
+    }
+    return 0;
 }
 
 /* ZeRO 0-1's overlap: tensors whose reduction was started in this step's
@@ -98,7 +113,9 @@ int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *x = &m->tensors[i];
         float *g = mf_arena_get(a, x->g);
-        int rc = m->opt.zero == 0 ? mf_dist_allreduce(g, x->numel, ring, rn) : mf_dist_reduce_scatter(g, x->numel, ring, rn);
+        /* expert parallel: an expert's gradient over the ranks holding it */
+        int rc = x->ep_full > 0 ? mf_dist_ep_allreduce(g, x->numel)
+               : m->opt.zero == 0 ? mf_dist_allreduce(g, x->numel, ring, rn) : mf_dist_reduce_scatter(g, x->numel, ring, rn);
         if (rc) return -1;
     }
     return 0;
@@ -147,11 +164,17 @@ int mf_zero_grads_ready(mf_model *m, mf_arena *a, int first, int n) {
 }
 
 int mf_zero_grad_sumsq(mf_model *m, mf_arena *a, double *out) {
-    double ss = 0;
+    double ss = 0, se = 0;
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *x = &m->tensors[i];
         const float *g = x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo;
-        ss += mf_sumsq(g, (size_t)(x->hi - x->lo));
+        if (x->ep_full > 0) se += mf_sumsq(g, (size_t)(x->hi - x->lo));
+        else ss += mf_sumsq(g, (size_t)(x->hi - x->lo));
+    }
+    /* expert parallel: each rank of an expert group holds its experts' part */
+    if (m->d.ep > 1) {
+        if (mf_dist_ep_sum_doubles(&se, 1)) return -1;
+        ss += se;
     }
     /* stage 0: every rank holds the whole summed gradient already */
     if (sharded(m) && mf_dist_sum_doubles_group(&ss, 1)) return -1;

@@ -1,7 +1,8 @@
 /* Run-time ISA dispatch for the non-GEMM kernels (internal to libmemfit).
  *
  * The element-wise and row-wise kernels (encoder, layernorm, bias/GELU,
- * residual, cross-entropy, sums of squares, AdamW) are written once, in
+ * residual, cross-entropy, sums of squares, AdamW; the Llama family's
+ * RMSNorm, RoPE and SwiGLU) are written once, in
  * kern_body.h, and compiled twice: kern_portable.c with the build's baseline
  * flags (-march=x86-64-v2: SSE4.2, runs anywhere the binary runs) and
  * kern_avx512.c with AVX-512F/BW/VL/DQ enabled for that one file. Each
@@ -22,6 +23,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "memfit/core.h"
 
 typedef struct {
     const char *name; /* "portable" or "avx512" */
@@ -62,6 +65,19 @@ typedef struct {
     void (*layernorm_forward_bf16)(uint16_t *out, float *mean, float *rstd, const float *inp, const float *w,
                                    const float *b, int N, int C);
     void (*gelu_forward_bf16)(uint16_t *out, const float *inp, size_t n);
+    /* the Llama family's kernels, as declared in memfit/kernels.h
+     * (mf_rmsnorm_forward ... mf_swiglu_forward16, llama_kernels.c) */
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+    void (*rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                             const float *rstd, int N, int C);
+    void (*rope_apply)(float *qkv, const float *tab, const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+                       int inverse);
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                            size_t n);
+    void (*rmsnorm_forward16)(void *out, mf_dtype dt, float *rstd, const float *inp, const float *w, int N, int C,
+                              float eps);
+    void (*swiglu_forward16)(void *out, mf_dtype dt, const float *gate, const float *up, size_t n);
 } mf_kernel_isa;
 
 extern const mf_kernel_isa mf_kernels_portable;

@@ -434,6 +434,137 @@ static void MF_ISA(gelu_forward_bf16)(uint16_t *out, const float *inp, size_t n)
     for (size_t i = 0; i < n; i++) out[i] = mf_f32_to_bf16(MF_ISA(gelu1)(inp[i]));
 }
 
+/* ---- Llama family: RMSNorm, RoPE, SwiGLU --------------------------------
+ * The formulas and their documentation are llama_kernels.c's (whose public
+ * mf_rmsnorm_* / mf_rope_apply / mf_swiglu_* functions call these through
+ * the table). The 16-bit-output forms compute rstd exactly as the fp32 one
+ * does in the same table, so the fp32 backward reads the same statistics
+ * whether the forward was 16-bit or not. */
+
+static inline uint16_t MF_ISA(round16)(mf_dtype dt, float x) {
+    return dt == MF_DTYPE_BF16 ? mf_f32_to_bf16(x) : mf_f32_to_fp16(x);
+}
+
+static void MF_ISA(rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    if (N <= 0 || C <= 0) return;
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        const float r = (float)(1.0 / sqrt(ss / C + (double)eps));
+        rstd[n] = r;
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = (x[c] * r) * w[c];
+    }
+}
+
+static void MF_ISA(rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                         const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    const int nblk = (C + MF_COLBLK - 1) / MF_COLBLK;
+#pragma omp parallel if ((size_t)N * C >= MF_PAR_MIN)
+    {
+#pragma omp for schedule(static) nowait
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C;
+            const float *d = dout + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            const float r = rstd[n];
+            double gx = 0.0;
+#pragma omp simd reduction(+ : gx)
+            for (int c = 0; c < C; c++) gx += (double)(d[c] * w[c]) * x[c];
+            /* x_c * r^2 * mean(g x), the r^2 * mean factor folded once */
+            const float k = (float)(gx / C * (double)r * r);
+#pragma omp simd
+            for (int c = 0; c < C; c++) dx[c] += r * (d[c] * w[c] - x[c] * k);
+        }
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < (dw ? nblk : 0); blk++) { /* dw NULL: frozen weight */
+            const int c0 = blk * MF_COLBLK;
+            const int w0 = C - c0 < MF_COLBLK ? C - c0 : MF_COLBLK;
+            float aw[MF_COLBLK] = {0};
+            for (int n = 0; n < N; n++) {
+                const float *x = inp + (size_t)n * C + c0;
+                const float *d = dout + (size_t)n * C + c0;
+                const float r = rstd[n];
+#pragma omp simd
+                for (int c = 0; c < w0; c++) aw[c] += d[c] * (x[c] * r);
+            }
+            for (int c = 0; c < w0; c++) dw[c0 + c] += aw[c];
+        }
+    }
+}
+
+static void MF_ISA(rope_apply)(float *qkv, const float *tab, const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+                   int inverse) {
+    const int half = hs / 2, nh = NH + NKV, QKV = (NH + 2 * NKV) * hs;
+    if (B <= 0 || T <= 0 || half <= 0 || nh <= 0) return;
+    const int N = B * T;
+    const float sgn = inverse ? -1.0f : 1.0f;
+#pragma omp parallel for schedule(static) if ((size_t)N * nh * hs >= MF_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const int p = pos ? pos[n] : n % T;
+        const float *cs = tab + (size_t)p * half;
+        const float *sn = tab + (size_t)T * half + (size_t)p * half;
+        float *row = qkv + (size_t)n * QKV;
+        for (int h = 0; h < nh; h++) {
+            float *x1 = row + (size_t)h * hs, *x2 = x1 + half;
+#pragma omp simd
+            for (int i = 0; i < half; i++) {
+                const float a = x1[i], b = x2[i], c = cs[i], s = sgn * sn[i];
+                x1[i] = a * c - b * s;
+                x2[i] = b * c + a * s;
+            }
+        }
+    }
+}
+
+static void MF_ISA(swiglu_forward)(float *out, const float *gate, const float *up, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= MF_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + mf_vexpf(-g)) * up[i];
+    }
+}
+
+static void MF_ISA(swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= MF_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i], u = up[i], d = dout[i];
+        const float s = 1.0f / (1.0f + mf_vexpf(-g));
+        dgate[i] = d * u * (s * (1.0f + g * (1.0f - s)));
+        dup[i] = d * (g * s);
+    }
+}
+
+static void MF_ISA(rmsnorm_forward16)(void *out, mf_dtype dt, float *rstd, const float *inp, const float *w, int N, int C,
+                          float eps) {
+    if (N <= 0 || C <= 0) return;
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        uint16_t *o = (uint16_t *)out + (size_t)n * C;
+        double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        const float r = (float)(1.0 / sqrt(ss / C + (double)eps));
+        rstd[n] = r;
+        for (int c = 0; c < C; c++) o[c] = MF_ISA(round16)(dt, (x[c] * r) * w[c]);
+    }
+}
+
+static void MF_ISA(swiglu_forward16)(void *out, mf_dtype dt, const float *gate, const float *up, size_t n) {
+    uint16_t *o = out;
+#pragma omp parallel for schedule(static) if (n >= MF_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        o[i] = MF_ISA(round16)(dt, g / (1.0f + mf_vexpf(-g)) * up[i]);  /* mf_swiglu_forward's value, rounded */
+    }
+}
+
 const mf_kernel_isa MF_ISA(mf_kernels) = {
     .name = MF_ISA_NAME,
     .encoder_forward = MF_ISA(encoder_forward),
@@ -455,4 +586,11 @@ const mf_kernel_isa MF_ISA(mf_kernels) = {
     .to_bf16 = MF_ISA(to_bf16),
     .layernorm_forward_bf16 = MF_ISA(layernorm_forward_bf16),
     .gelu_forward_bf16 = MF_ISA(gelu_forward_bf16),
+    .rmsnorm_forward = MF_ISA(rmsnorm_forward),
+    .rmsnorm_backward = MF_ISA(rmsnorm_backward),
+    .rope_apply = MF_ISA(rope_apply),
+    .swiglu_forward = MF_ISA(swiglu_forward),
+    .swiglu_backward = MF_ISA(swiglu_backward),
+    .rmsnorm_forward16 = MF_ISA(rmsnorm_forward16),
+    .swiglu_forward16 = MF_ISA(swiglu_forward16),
 };

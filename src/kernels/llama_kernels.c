@@ -2,9 +2,11 @@
  * embedding (RoPE, with Llama 3.1's frequency rescaling) and SwiGLU. The
  * attention they go with is flash_attention.c's grouped-query kernel.
  *
- * Plain C with OpenMP parallel-for and simd loops (no AVX-512 dispatch
- * table: these are a few passes over (N, C) arrays next to the GEMMs). The
- * rules of cpu.c hold: no allocation; reductions that cross rows (RMSNorm's
+ * RMSNorm, RoPE's rotation and SwiGLU are the ISA-dispatched kernels of
+ * kern_body.h (plain C with OpenMP parallel-for and simd loops, compiled
+ * for the baseline and for AVX-512, see isa.h): the functions here document
+ * the formulas and call the table; the RoPE table and the 16-bit embedding
+ * lookup run here, once per run or cheaply. The rules of cpu.c hold: no allocation; reductions that cross rows (RMSNorm's
  * dw) are split by columns, so every output is summed in the same order
  * whatever the thread count and results are bit-identical across
  * OMP_NUM_THREADS.
@@ -14,8 +16,9 @@
  * modeling_rope_utils.py: _compute_llama3_parameters) so that a Llama
  * checkpoint computes what it computes there.
  */
+#include "isa.h"
+#include "kernels/half.h"
 #include "memfit/kernels.h"
-#include "vmath.h"
 
 #include <math.h>
 #include <omp.h>
@@ -23,8 +26,6 @@
 /* below this many elements a kernel runs on the calling thread: a parallel
  * region costs more than the work (as MF_PAR_MIN in kern_body.h) */
 #define MF_LL_PAR_MIN 4096
-/* columns per task of a column-parallel reduction (as MF_COLBLK) */
-#define MF_LL_COLBLK 64
 
 /* ---- RMSNorm ------------------------------------------------------------ */
 
@@ -35,19 +36,7 @@
  * computed in double and rounded once. out = (x * rstd) * w as in HF.
  * inp, out (N,C); w (C); rstd (N). out may be inp. */
 void mf_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
-    if (N <= 0 || C <= 0) return;
-#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_LL_PAR_MIN)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *o = out + (size_t)n * C;
-        double ss = 0.0;
-#pragma omp simd reduction(+ : ss)
-        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
-        const float r = (float)(1.0 / sqrt(ss / C + (double)eps));
-        rstd[n] = r;
-#pragma omp simd
-        for (int c = 0; c < C; c++) o[c] = (x[c] * r) * w[c];
-    }
+    mf_kernels_isa_get()->rmsnorm_forward(out, rstd, inp, w, N, C, eps);
 }
 
 /* y = x * r * w with r = (mean(x^2) + eps)^(-1/2), dr/dx_c = -r^3 x_c / C:
@@ -59,39 +48,7 @@ void mf_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *
  * independent). dinp (N,C) accumulates; dw (C) accumulates, NULL: skipped. */
 void mf_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                          const float *rstd, int N, int C) {
-    if (N <= 0 || C <= 0) return;
-    const int nblk = (C + MF_LL_COLBLK - 1) / MF_LL_COLBLK;
-#pragma omp parallel if ((size_t)N * C >= MF_LL_PAR_MIN)
-    {
-#pragma omp for schedule(static) nowait
-        for (int n = 0; n < N; n++) {
-            const float *x = inp + (size_t)n * C;
-            const float *d = dout + (size_t)n * C;
-            float *dx = dinp + (size_t)n * C;
-            const float r = rstd[n];
-            double gx = 0.0;
-#pragma omp simd reduction(+ : gx)
-            for (int c = 0; c < C; c++) gx += (double)(d[c] * w[c]) * x[c];
-            /* x_c * r^2 * mean(g x), the r^2 * mean factor folded once */
-            const float k = (float)(gx / C * (double)r * r);
-#pragma omp simd
-            for (int c = 0; c < C; c++) dx[c] += r * (d[c] * w[c] - x[c] * k);
-        }
-#pragma omp for schedule(static)
-        for (int blk = 0; blk < (dw ? nblk : 0); blk++) { /* dw NULL: frozen weight */
-            const int c0 = blk * MF_LL_COLBLK;
-            const int w0 = C - c0 < MF_LL_COLBLK ? C - c0 : MF_LL_COLBLK;
-            float aw[MF_LL_COLBLK] = {0};
-            for (int n = 0; n < N; n++) {
-                const float *x = inp + (size_t)n * C + c0;
-                const float *d = dout + (size_t)n * C + c0;
-                const float r = rstd[n];
-#pragma omp simd
-                for (int c = 0; c < w0; c++) aw[c] += d[c] * (x[c] * r);
-            }
-            for (int c = 0; c < w0; c++) dw[c0 + c] += aw[c];
-        }
-    }
+    mf_kernels_isa_get()->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
 }
 
 /* ---- RoPE --------------------------------------------------------------- */
@@ -145,26 +102,7 @@ void mf_rope_table(float *tab, int T, int hs, double theta, const mf_rope_scalin
  * pos[n] must lie in [0, T): the table has T positions. */
 void mf_rope_apply(float *qkv, const float *tab, const int32_t *pos, int B, int T, int NH, int NKV, int hs,
                    int inverse) {
-    const int half = hs / 2, nh = NH + NKV, QKV = (NH + 2 * NKV) * hs;
-    if (B <= 0 || T <= 0 || half <= 0 || nh <= 0) return;
-    const int N = B * T;
-    const float sgn = inverse ? -1.0f : 1.0f;
-#pragma omp parallel for schedule(static) if ((size_t)N * nh * hs >= MF_LL_PAR_MIN)
-    for (int n = 0; n < N; n++) {
-        const int p = pos ? pos[n] : n % T;
-        const float *cs = tab + (size_t)p * half;
-        const float *sn = tab + (size_t)T * half + (size_t)p * half;
-        float *row = qkv + (size_t)n * QKV;
-        for (int h = 0; h < nh; h++) {
-            float *x1 = row + (size_t)h * hs, *x2 = x1 + half;
-#pragma omp simd
-            for (int i = 0; i < half; i++) {
-                const float a = x1[i], b = x2[i], c = cs[i], s = sgn * sn[i];
-                x1[i] = a * c - b * s;
-                x2[i] = b * c + a * s;
-            }
-        }
-    }
+    mf_kernels_isa_get()->rope_apply(qkv, tab, pos, B, T, NH, NKV, hs, inverse);
 }
 
 /* ---- SwiGLU ------------------------------------------------------------- */
@@ -173,24 +111,14 @@ void mf_rope_apply(float *qkv, const float *tab, const int32_t *pos, int B, int 
  * vectorisable exp of vmath.h (~1 ulp; its clamp only touches |g| > 87,
  * where silu is 0 or g to fp32 precision anyway). */
 void mf_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= MF_LL_PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + mf_vexpf(-g)) * up[i];
-    }
+    mf_kernels_isa_get()->swiglu_forward(out, gate, up, n);
 }
 
 /* With s = sigmoid(g): silu(g) = g s, silu'(g) = s (1 + g (1 - s)).
  * Each element's inputs are read before its outputs are written, so dgate
  * may be gate and dup may be up. */
 void mf_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= MF_LL_PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        const float g = gate[i], u = up[i], d = dout[i];
-        const float s = 1.0f / (1.0f + mf_vexpf(-g));
-        dgate[i] = d * u * (s * (1.0f + g * (1.0f - s)));
-        dup[i] = d * (g * s);
-    }
+    mf_kernels_isa_get()->swiglu_backward(dgate, dup, dout, gate, up, n);
 }
 
 /* ---- 16-bit outputs (mixed precision) ------------------------------------
@@ -198,35 +126,13 @@ void mf_swiglu_backward(float *dgate, float *dup, const float *dout, const float
  * (nearest-even) as it is written; rstd is computed exactly as
  * mf_rmsnorm_forward computes it, so the fp32 backward reads the same
  * statistics whether the forward was 16-bit or not. */
-#include "kernels/half.h"
-
-static inline uint16_t ll_round16(mf_dtype dt, float x) {
-    return dt == MF_DTYPE_BF16 ? mf_f32_to_bf16(x) : mf_f32_to_fp16(x);
-}
-
 void mf_rmsnorm_forward16(void *out, mf_dtype dt, float *rstd, const float *inp, const float *w, int N, int C,
                           float eps) {
-    if (N <= 0 || C <= 0) return;
-#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_LL_PAR_MIN)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        uint16_t *o = (uint16_t *)out + (size_t)n * C;
-        double ss = 0.0;
-#pragma omp simd reduction(+ : ss)
-        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
-        const float r = (float)(1.0 / sqrt(ss / C + (double)eps));
-        rstd[n] = r;
-        for (int c = 0; c < C; c++) o[c] = ll_round16(dt, (x[c] * r) * w[c]);
-    }
+    mf_kernels_isa_get()->rmsnorm_forward16(out, dt, rstd, inp, w, N, C, eps);
 }
 
 void mf_swiglu_forward16(void *out, mf_dtype dt, const float *gate, const float *up, size_t n) {
-    uint16_t *o = out;
-#pragma omp parallel for schedule(static) if (n >= MF_LL_PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        const float g = gate[i];
-        o[i] = ll_round16(dt, g / (1.0f + mf_vexpf(-g)) * up[i]);  /* mf_swiglu_forward's value, rounded */
-    }
+    mf_kernels_isa_get()->swiglu_forward16(out, dt, gate, up, n);
 }
 
 void mf_embed_forward16(float *out, const int32_t *inp, const void *wte, mf_dtype dt, int N, int C) {

@@ -177,6 +177,11 @@ int mf_moe_router_backward(float *dx, float *dwg, mf_moe_work *w, const mf_moe_r
 /* ---- permutation -------------------------------------------------------- */
 
 int mf_moe_dispatch(mf_moe_acts *a, int *dropped, const mf_moe_route *r, const mf_moe_dims *d) {
+    return mf_moe_dispatch_after(a, dropped, r, d, NULL);
+}
+
+int mf_moe_dispatch_after(mf_moe_acts *a, int *dropped, const mf_moe_route *r, const mf_moe_dims *d,
+                          const int32_t *before) {
     if (moe_check(d)) return -1;
     const int E = d->E, cap = d->capacity;
     const int S = d->N * d->k;
@@ -191,7 +196,7 @@ int mf_moe_dispatch(mf_moe_acts *a, int *dropped, const mf_moe_route *r, const m
     for (int s = 0; s < S; s++) {
         const int e = r->topk_idx[s];
         if (e < 0 || e >= E) return mf_fail("moe: slot %d routed to expert %d of %d", s, e, E);
-        if (cap > 0 && off[e + 1] >= cap) {
+        if (cap > 0 && off[e + 1] + (before ? before[e] : 0) >= cap) {
             a->slot_row[s] = -1;
             drop++;
         } else {
@@ -359,4 +364,68 @@ int mf_moe_experts_backward_ops(float *dx, float *dw1, float *dw3, float *dw2, m
         }
     }
     return 0;
+}
+
+/* ---- expert parallel: the gather and the scatter on their own ----------- */
+
+/* The same loops as inside mf_moe_experts_forward/backward (token-parallel,
+ * a token's slots in slot order), for expert parallelism, where the
+ * experts run on other ranks between the gather and the scatter. */
+void mf_moe_gather(float *xp, const float *x, const int32_t *slot_row, int N, int k, int C) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_MOE_PAR_MIN)
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            const int row = slot_row[(size_t)n * k + j];
+            if (row >= 0) memcpy(xp + (size_t)row * C, x + (size_t)n * C, (size_t)C * sizeof(float));
+        }
+}
+
+void mf_moe_combine(float *y, const float *yp, const int32_t *slot_row, const float *topk_w, int N, int k, int C) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_MOE_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *yn = y + (size_t)n * C;
+        memset(yn, 0, (size_t)C * sizeof(float));
+        for (int j = 0; j < k; j++) {
+            const int row = slot_row[(size_t)n * k + j];
+            if (row < 0) continue;
+            const float wgt = topk_w[(size_t)n * k + j], *yr = yp + (size_t)row * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) yn[c] += wgt * yr[c];
+        }
+    }
+}
+
+void mf_moe_combine_backward(float *dyp, float *dtopk_w, const float *dy, const float *yp, const int32_t *slot_row,
+                             const float *topk_w, int N, int k, int C) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_MOE_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *g = dy + (size_t)n * C;
+        for (int j = 0; j < k; j++) {
+            const size_t s = (size_t)n * k + j;
+            const int row = slot_row[s];
+            if (row < 0) { dtopk_w[s] = 0.0f; continue; }
+            const float wgt = topk_w[s], *yr = yp + (size_t)row * C;
+            float *dr = dyp + (size_t)row * C;
+            double dot = 0.0;
+            for (int c = 0; c < C; c++) {
+                dot += (double)g[c] * yr[c];
+                dr[c] = wgt * g[c];
+            }
+            dtopk_w[s] = (float)dot;
+        }
+    }
+}
+
+void mf_moe_gather_backward(float *dx, const float *dxp, const int32_t *slot_row, int N, int k, int C) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_MOE_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *g = dx + (size_t)n * C;
+        for (int j = 0; j < k; j++) {
+            const int row = slot_row[(size_t)n * k + j];
+            if (row < 0) continue;
+            const float *dr = dxp + (size_t)row * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) g[c] += dr[c];
+        }
+    }
 }

@@ -160,6 +160,14 @@ int mf_model_dims(const mf_config *cfg, mf_dims *d) {
         if (d->n_experts <= 0) return mf_fail("capacity_factor needs a mixture-of-experts model (num_local_experts)");
         d->capacity_factor = cfg->capacity_factor;
     }
+    d->ep = 1;
+    if (cfg->expert_parallel > 1) {
+        if (d->n_experts <= 0) return mf_fail("expert_parallel %d needs a mixture-of-experts model (num_local_experts)", cfg->expert_parallel);
+        if (d->n_experts % cfg->expert_parallel)
+            return mf_fail("expert_parallel %d does not divide the %d experts (each rank of a group holds E / N whole "
+                           "experts)", cfg->expert_parallel, d->n_experts);
+        d->ep = cfg->expert_parallel;
+    }
     if (cfg->block_size) d->maxT = cfg->block_size;
     if (cfg->share_layers) d->share = cfg->share_layers;
     if (snprintf(d->tokenizer, sizeof d->tokenizer, "%s", cfg->tokenizer[0] ? cfg->tokenizer : tokdef) >=

@@ -14,7 +14,7 @@ static int plan_once(const mf_config *cfg, mf_mode mode, int nthreads, const mf_
     int T = cfg->seq ? cfg->seq : d->maxT;
     /* data parallel: each rank plans its share of the batch (dist/) */
     int world = mf_dist_active() ? mf_dist_world() : cfg->world_size;
-    if (mf_zero_check(cfg, world)) return -1;
+    if (mf_zero_check(cfg, world) || (mode == MF_MODE_TRAIN && mf_dist_ep_check(cfg, world, 0))) return -1;
     mf_optim opt;
     if (mode == MF_MODE_TRAIN && mf_optim_init(&opt, cfg)) return -1;
     if (mode == MF_MODE_TRAIN) opt.zero = cfg->zero, opt.world = world, opt.rank = mf_dist_rank(), opt.group = cfg->zero_group;
@@ -56,7 +56,7 @@ int mf_model_build_plan(const mf_config *cfg, mf_mode mode, int nthreads, size_t
     for (int k = 0; k <= d->L; k++) {
         rc.every = k;
         if (plan_once(cfg, mode, nthreads, d, rc, plan, model)) return -1;
-        if (cfg->budget == 0 || plan->arena_bytes + overhead <= cfg->budget || k == d->L) return 0;
+        if (cfg->budget == 0 || plan->arena_bytes + plan->outside_bytes + overhead <= cfg->budget || k == d->L) return 0;
         mf_model_free(model);
         mf_plan_free(plan);
     }

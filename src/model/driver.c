@@ -105,9 +105,11 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
         else if (t->ndim == 1) for (int64_t k = lo; k < hi; k++) put_w(m, t, p, k, 0.0f);
         else {
             float std = strstr(nm, "c_proj.weight") ? proj_std : 0.02f;
-            for (int64_t k = 0; k < t->numel; k++) {
+            /* expert parallel: the whole stack's draws, this rank's experts kept */
+            int64_t full = t->ep_full > 0 ? t->ep_full : t->numel, e0 = t->ep_full > 0 ? t->ep_lo : 0;
+            for (int64_t k = 0; k < full; k++) {
                 float v = std * mf_rng_normal(&rng);
-                if (k >= lo && k < hi) put_w(m, t, p, k, v);
+                if (k - e0 >= lo && k - e0 < hi) put_w(m, t, p, k - e0, v);
             }
         }
         if (t->role == MF_ROLE_EMB || t->role == MF_ROLE_HEAD) /* padding rows stay zero */
@@ -130,10 +132,29 @@ static void zero_g(mf_model *m, mf_arena *a, int first, int n) {
         if (m->tensors[i].g >= 0) memset(mf_arena_get(a, m->tensors[i].g), 0, (size_t)m->tensors[i].numel * sizeof(float));
 }
 
+/* The step's gradient zeroing: every tensor's gradient (unless they are
+ * transient) and ZeRO shard split between the threads, each thread one
+ * contiguous part of each buffer, in one parallel region (one thread's
+ * memset reached ~25 ms of a 2.8 s smollm2-135m step). */
 void mf_model_zero_grads(mf_model *m, mf_arena *a) {
-    if (!mf_model_grads_transient(m)) zero_g(m, a, 0, m->n_tensors);
-    for (int i = 0; i < m->n_tensors; i++)
-        if (m->tensors[i].gs >= 0) memset(mf_arena_get(a, m->tensors[i].gs), 0, (size_t)(m->tensors[i].hi - m->tensors[i].lo) * sizeof(float));
+    const int all = !mf_model_grads_transient(m);
+    for (int i = 0; i < m->n_tensors; i++) { /* the ledger's bookkeeping, on this thread */
+        if (all && m->tensors[i].g >= 0) mf_arena_get(a, m->tensors[i].g);
+        if (m->tensors[i].gs >= 0) mf_arena_get(a, m->tensors[i].gs);
+    }
+#pragma omp parallel
+    {
+        const size_t nt = (size_t)omp_get_num_threads(), th = (size_t)omp_get_thread_num();
+        for (int i = 0; i < m->n_tensors; i++) {
+            const mf_tensor *t = &m->tensors[i];
+            for (int s = 0; s < 2; s++) {
+                int id = s ? t->gs : all ? t->g : -1;
+                if (id < 0) continue;
+                size_t n = s ? (size_t)(t->hi - t->lo) : (size_t)t->numel, lo = n * th / nt, hi = n * (th + 1) / nt;
+                if (hi > lo) memset((float *)mf_arena_ptr(a, id) + lo, 0, (hi - lo) * sizeof(float));
+            }
+        }
+    }
 }
 
 /* update_in_backward: tensors [first, first+n) start their gradient in

@@ -75,6 +75,11 @@ void mf_moe_count_tokens(mf_model *m, int l, const mf_moe_route *r, int N);
 const mf_moe_expert_ops *mf_moe_expert_setup(mf_model *m, mf_arena *a, int l, mf_moe_expert_ctx *c,
                                              mf_moe_expert_ops *ops, const float **w1, const float **w3,
                                              const float **w2);
+/* Expert parallel (moe_ep.c, docs/moe.md; bounds in model.h): the
+ * block when the experts are split over an expert group of d->ep ranks. */
+void mf_moe_ep_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2, const float *xmid,
+                       float *out, int N, int recompute);
+void mf_moe_ep_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2, int N);
 void mf_block_backward(mf_model *m, mf_arena *a, int l, int B, int T);
 void mf_model_rope_fill(mf_model *m, mf_arena *a, int T);
 /* The embedding block (res[0] from the inputs; rope table) and its

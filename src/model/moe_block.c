@@ -47,6 +47,7 @@ static mf_moe_acts acts_of(mf_arena *a, const mf_layer_acts *A) {
 
 void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2,
                           const float *xmid, float *out, int N, int recompute) {
+    if (m->d.ep > 1) { mf_moe_ep_forward(m, a, l, A, ln2, xmid, out, N, recompute); return; }  /* moe_ep.c */
     mf_moe_dims d = moe_dims(m, N);
     mf_moe_route r = route_of(a, A);
     mf_moe_acts x = acts_of(a, A);
@@ -75,6 +76,7 @@ void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *
 }
 
 void mf_moe_block_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2, int N) {
+    if (m->d.ep > 1) { mf_moe_ep_backward(m, a, l, A, ln2, N); return; }  /* moe_ep.c */
     mf_moe_dims d = moe_dims(m, N);
     mf_moe_route r = route_of(a, A);
     mf_moe_acts x = acts_of(a, A);

@@ -269,6 +269,8 @@ static int gemm_shapes(const mf_dims *d, int N, int R, int train, gemm_shape_fn 
         int64_t G;
         int E = d->n_experts, F = d->ffn;
         if (mf_moe_buffer_sizes(NULL, NULL, &G, N, d->top_k, E, C, F, d->capacity_factor)) return -1;
+        /* expert parallel: an expert's group gathers the whole expert group's tokens */
+        if (d->ep > 1 && mf_moe_ep_bounds(d, N, NULL, NULL, &G, NULL)) return -1;
         int g = (int)G;
         if (fn(ctx, N, E, C, 0, 1, 0, 0) || fn(ctx, g, F, C, 0, 1, 0, 0) || fn(ctx, g, C, F, 0, 1, 0, 0)) return -1;
         if (train && (fn(ctx, E, C, N, 1, 0, 1, 0) || fn(ctx, N, C, E, 0, 0, 1, 0) || fn(ctx, g, F, C, 0, 0, 0, 0) ||
@@ -437,12 +439,19 @@ static void declare_llama_tensors(mf_model *m, adder *ad) {
         char nm[96];
         snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.gate.weight", l);
         add_tensor(m, ad, nm, l, 2, E, C, E, 1);
+        /* expert parallel: this rank's E / ep experts of each stack, the
+         * elements [ep_lo, ep_lo + numel) of the whole one */
+        int64_t P = d->ep > 1 ? d->ep : 1, El = E / P, g = m->opt.rank % P;
         snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.w1.weight", l);
-        add_tensor(m, ad, nm, l, 2, E * I, C, E * I, 1);
+        add_tensor(m, ad, nm, l, 2, El * I, C, El * I, 1);
         snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.w3.weight", l);
-        add_tensor(m, ad, nm, l, 2, E * I, C, E * I, 1);
+        add_tensor(m, ad, nm, l, 2, El * I, C, El * I, 1);
         snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.w2.weight", l);
-        add_tensor(m, ad, nm, l, 2, E * C, I, E * C, 1);
+        add_tensor(m, ad, nm, l, 2, El * C, I, El * C, 1);
+        for (int k = 1; P > 1 && k <= 3; k++) {
+            mf_tensor *t = &m->tensors[m->n_tensors - k];
+            t->ep_full = t->numel * P, t->ep_lo = t->numel * g;
+        }
     }
     m->t_normf = m->n_tensors, m->n_normf = 1;
     add_tensor_role(m, ad, "model.norm.weight", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
@@ -557,6 +566,10 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     m->prefetch = !(pf && strcmp(pf, "0") == 0);
     const char *ov = getenv("MEMFIT_ZERO_OVERLAP");
     m->overlap = m->opt.zero <= 2 && m->opt.world > 1 && !m->opt.in_backward && !(ov && strcmp(ov, "0") == 0);
+    /* expert parallel: the experts' gradients are summed over their
+     * replicas only, in the optimizer phase (zero.c), not in the overlap's
+     * all-reduce over the world */
+    if (mode == MF_MODE_TRAIN && d->ep > 1) m->overlap = 0;
     m->cdt = mode == MF_MODE_TRAIN ? m->opt.compute : MF_DTYPE_F32;  /* forward-only plans are fp32 */
     m->in16 = m->dout16 = m->dlogits16 = m->gemm_scratch = m->upd32 = -1;
     m->emb_rows = m->emb_index = m->emb_map = -1;
@@ -569,6 +582,8 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (B < 1 || T < 1) return mf_fail("batch and seq must be >= 1 (got %d, %d)", B, T);
     if (T > d->maxT) return mf_fail("seq %d exceeds the model's block_size %d", T, d->maxT);
     m->d = *d;
+    /* expert parallel is a training run's over MPI ranks (estimate: --world_size) */
+    if (mode != MF_MODE_TRAIN || m->opt.world <= 1 || m->d.ep < 1) m->d.ep = 1;
     m->B = B;
     m->T = T;
     m->mode = mode;
@@ -687,6 +702,24 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         mf_model_free(m);
         return -1;
     }
+    int ep = bd->mlp == MF_MLP_MOE && m->d.ep > 1;
+    m->moe_ep_send = m->moe_ep_recv = 0;
+    for (int b = 0; b < 5; b++) m->moe_ep_work[b] = -1;
+    if (ep) {
+        /* expert parallel (moe_ep.c): this rank sends at most moe_ep_send
+         * permuted rows (xp, yp, dyp) and its experts receive at most
+         * moe_ep_recv (their h1, h3, ha, dh1, dh3 and the exchange rows);
+         * the capacity is the expert group's */
+        if (mf_moe_ep_bounds(&m->d, (int)N, &m->moe_ep_send, &m->moe_ep_recv, NULL, &m->moe_capacity)) {
+            mf_model_free(m);
+            return -1;
+        }
+        m->moe_rows = m->moe_ep_recv;
+        const size_t SC = (size_t)m->moe_ep_send * C * 4, RF = (size_t)m->moe_ep_recv * I * 4;
+        moe_bytes[MF_MOE_BUF_XP] = moe_bytes[MF_MOE_BUF_YP] = moe_bytes[MF_MOE_BUF_DYP] = SC;
+        moe_bytes[MF_MOE_BUF_H1] = moe_bytes[MF_MOE_BUF_H3] = moe_bytes[MF_MOE_BUF_HA] = RF;
+        moe_bytes[MF_MOE_BUF_DH1] = moe_bytes[MF_MOE_BUF_DH3] = RF;
+    }
     for (int l = 0; l < L; l++) {
         int f = mf_phase_layer_fwd(m, l), e = train ? mf_phase_layer_bwd(m, l) : f;
         int whole = l < m->auto_k || seg, s = seg ? l % seg : 0;
@@ -735,9 +768,23 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         if (ln_mean) { ACT(ln2_mean, 0, -1, F, 1, N, 0, 0, 0); }
         ACT(ln2_rstd, 0, -1, F, 1, N, 0, 0, 0);
         for (int b = 0; b < MF_MOE_BUF_COUNT; b++) A->moe[b] = R->moe[b] = -1;
+        for (int b = 0; b < 4; b++) A->moe_ep[b] = R->moe_ep[b] = -1;
         if (bd->mlp == MF_MLP_MOE) {
             A->fch = R->fch = A->fch_gelu = R->fch_gelu = -1;
             moe_layer_rows(m, &ad, l, A, R, whole, s, f, e, fw, bw, moe_bytes);
+            for (int b = 0; b < 4; b++) A->moe_ep[b] = R->moe_ep[b] = -1;
+            if (ep) {
+                /* kept from the layer's forward to its backward (block
+                 * rebuilds are refused with expert parallel) */
+                int64_t Rr = m->moe_ep_recv > 0 ? m->moe_ep_recv : 1;
+                static const char *const epn[4] = {"counts", "owner_row", "owner_offsets", "owner_xp"};
+                const int64_t epl[4] = {(int64_t)m->d.ep * d->n_experts, Rr, d->n_experts / m->d.ep + 1, Rr * C};
+                for (int b = 0; b < 4; b++) {
+                    snprintf(nm, sizeof nm, "act.h.%d.moe.ep.%s", l, epn[b]);
+                    A->moe_ep[b] = R->moe_ep[b] = add(&ad, nm, MF_CAT_ACTS, b < 3 ? MF_DTYPE_I32 : MF_DTYPE_F32, 1,
+                                                      epl[b], 0, 0, 0, f, e, l);
+                }
+            }
             continue;
         }
         ACT(fch, 0, -1, F, 2, N, I, 0, 0);
@@ -776,6 +823,20 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                                      l1, -1);
             }
         else m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, I, 0, 0, l0, l1, -1);
+        if (ep) {
+            /* the exchange's rows (moe_ep.c): received rows and the owner's
+             * outputs or input gradients in arrival order, the grouped
+             * output gradient, the owner's unit routing weights and its
+             * discarded weight gradients; every layer's forward and backward */
+            int64_t Rr = m->moe_ep_recv > 0 ? m->moe_ep_recv : 1;
+            static const char *const epw[5] = {"recv", "back", "dye", "ones", "dtopk_w"};
+            const int64_t n[5] = {Rr * C, Rr * C, Rr * C, Rr, Rr};
+            for (int b = 0; b < 5; b++) {
+                snprintf(nm, sizeof nm, "work.moe.ep.%s", epw[b]);
+                int b0 = b == 2 || b == 4 ? l0 : mf_phase_layer_fwd(m, 0);
+                m->moe_ep_work[b] = add(&ad, nm, MF_CAT_WORK, MF_DTYPE_F32, 1, n[b], 0, 0, 0, b0, l1, -1);
+            }
+        }
         m->dqkv = add(&ad, "work.dqkv", MF_CAT_WORK, MF_DTYPE_F32, 2, N, QKV, 0, 0, l0, l1, -1);
         /* sized for the model's longest sequence, not T, so a batch of
          * longer sequences (fewer rows) fits the plan: the trainer's

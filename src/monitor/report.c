@@ -25,14 +25,14 @@
 
 /* The metrics fields the report reads, by index; NAN when absent. */
 enum {
-    F_STEP, F_LOSS, F_VAL_LOSS, F_TOK_S, F_RSS_PEAK, F_LEDGER_PEAK, F_ARENA, F_RSS_BASELINE,
+    F_STEP, F_LOSS, F_VAL_LOSS, F_TOK_S, F_RSS_PEAK, F_LEDGER_PEAK, F_ARENA, F_RSS_BASELINE, F_COMM_MPI,
     F_MOE_AUX, F_MOE_Z,
     F_MEM,                       /* F_MEM + c: "mem_<category c>" */
     F_COUNT = F_MEM + MF_CAT_COUNT
 };
 static const char *field_keys[F_MEM] = {
     "step", "loss", "val_loss", "tok_s", "rss_peak_bytes", "ledger_peak_bytes", "arena_bytes",
-    "rss_baseline_bytes", "moe_aux", "moe_z",
+    "rss_baseline_bytes", "comm_mpi_bytes", "moe_aux", "moe_z",
 };
 
 typedef struct { double v[F_COUNT]; } mf_row;
@@ -659,14 +659,20 @@ static void plan_compare(FILE *f, const cJSON *plan, const mf_rows *rs) {
     }
     plan_compare_row(f, "total", "total at the step's peak (ledger)", plan_num(plan, "total"), rows_last(rs, F_LEDGER_PEAK));
     plan_compare_row(f, "arena", "arena (with reuse)", plan_num(plan, "arena"), NAN);
+    /* category comm's part outside the arena: the MPI library's scratch
+     * (the comm.mpi.* rows), not in the ledger; under train the plan's rows
+     * are the measurement of the run's start */
+    double mpi = plan_num(cJSON_GetObjectItemCaseSensitive(plan, "comm_mpi"), "total");
+    if (mpi > 0) plan_compare_row(f, "comm-mpi", "comm outside the arena (MPI's scratch)", mpi, rows_last(rs, F_COMM_MPI));
     plan_compare_row(f, "runtime", "runtime outside the arena", plan_num(plan, "runtime"), NAN);
     plan_compare_row(f, "process", "process peak RSS", plan_num(plan, "process"), rows_last(rs, F_RSS_PEAK));
-    /* what `memfit train` predicts once the process exists: the arena over
-     * the RSS measured before it was mapped */
-    double arena = rows_last(rs, F_ARENA), baseline = rows_last(rs, F_RSS_BASELINE);
+    /* what `memfit train` predicts once the process exists: the arena (and
+     * MPI's scratch) over the RSS measured before it was mapped */
+    double arena = rows_last(rs, F_ARENA), baseline = rows_last(rs, F_RSS_BASELINE), cm = rows_last(rs, F_COMM_MPI);
     if (!isnan(arena) && !isnan(baseline))
-        plan_compare_row(f, "process-run", "process peak RSS (arena + measured baseline)", arena + baseline,
-                         rows_last(rs, F_RSS_PEAK));
+        plan_compare_row(f, "process-run", isnan(cm) ? "process peak RSS (arena + measured baseline)"
+                                                     : "process peak RSS (arena + MPI's scratch + measured baseline)",
+                         arena + baseline + (isnan(cm) ? 0 : cm), rows_last(rs, F_RSS_PEAK));
     fputs("</table>\n", f);
 }
 

@@ -15,6 +15,7 @@
  * the counters) between the two threads; outside a stream the I/O thread
  * is idle and the calling thread uses the fd directly. */
 #include "optim/offload.h"
+#include "dist/dist.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -247,9 +248,12 @@ static int mf_offload_range_ok(const mf_offload *o, uint64_t off, size_t len) {
     return (uint64_t)len <= o->bytes && off <= o->bytes - (uint64_t)len;
 }
 
-int mf_offload_open(mf_offload **out, const char *path, uint64_t bytes) {
+int mf_offload_open(mf_offload **out, const char *path_in, uint64_t bytes) {
     *out = NULL;
-    if (!path || !*path) return mf_fail("cannot create offload file: empty path");
+    if (!path_in || !*path_in) return mf_fail("cannot create offload file: empty path");
+    /* under mpirun every rank streams a file of its own: PATH.rank<r> */
+    char rpath[4096 + 32];
+    const char *path = mf_dist_rank_path(path_in, rpath, sizeof rpath);
     if (bytes > (uint64_t)INT64_MAX) return mf_fail("cannot create offload file %s: size too large", path);
     mf_offload *o = calloc(1, sizeof *o);
     char *p = strdup(path);
@@ -280,6 +284,8 @@ int mf_offload_open(mf_offload **out, const char *path, uint64_t bytes) {
                     mf_size_format((size_t)bytes, sz, sizeof sz), strerror(e));
         goto fail_file;
     }
+    /* (collective under mpirun: every rank opens its file here) */
+    if (mf_dist_file_private(o->fd, path)) goto fail_file;
     struct statfs sf;
     if (fstatfs(o->fd, &sf) == 0)
         o->in_ram = (unsigned long)sf.f_type == MF_TMPFS_MAGIC || (unsigned long)sf.f_type == MF_RAMFS_MAGIC;

@@ -188,6 +188,7 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
     out->eff_batch = eff;
     out->world = cfg->world_size > 1 ? cfg->world_size : 1;
     out->zero = cfg->zero;
+    out->group = cfg->zero_group > 0 && cfg->zero_group < out->world ? cfg->zero_group : 0;
     out->net_gbps = cfg->net_gbps;
     snprintf(out->offload_path, sizeof out->offload_path, "%s", offload_path ? offload_path : "");
     /* the requested config must plan: a bad model or seq is the user's
@@ -236,7 +237,7 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
             ch.auto_k = m.auto_k;
             ch.arena_bytes = p.arena_bytes;
             ch.disk_bytes = p.disk_bytes;
-            ch.process = p.arena_bytes + runtime;
+            ch.process = p.arena_bytes + p.outside_bytes + runtime;  /* + MPI's comm.mpi.* rows */
             ch.need = ch.process + MF_PLANNER_HEADROOM(p.arena_bytes);
             memcpy(ch.peak_cat, p.peak_cat, sizeof ch.peak_cat);
             mf_planner_predict(rates, &ch, &m, &p);
@@ -415,12 +416,22 @@ void mf_planner_print(FILE *f, const mf_planner_result *r, int all) {
         fprintf(f, "chosen (*): %s: process %s (with headroom %s) of the %s budget, predicted %.3f s/step (%.0f tokens/s)\n",
                 mf_planner_describe(c, d, sizeof d), mf_size_format(c->process, p, sizeof p), mf_size_format(c->need, a, sizeof a),
                 r->budget ? mf_size_format(r->budget, b, sizeof b) : "unlimited", c->pred_s, tokens / c->pred_s);
-        if (r->world > 1)
-            fprintf(f, "data parallel over %d ranks, ZeRO stage %d: per rank per step %s of collectives (%s Psi, Psi = "
-                       "%.0f parameters), %.3f s at %g Gbit/s, included in s/step (not overlapped)%s\n",
-                    r->world, r->zero, mf_size_format((size_t)c->comm_bytes, p, sizeof p), r->zero >= 3 ? "3" : "2",
-                    c->optim_params, c->comm_s, r->net_gbps,
-                    r->net_gbps > 0 ? "" : " (--net_gbps B adds the time at B Gbit/s)");
+        if (r->world > 1) {
+            /* the volume's formula in units of Psi fp32 values (mf_zero_comm_volume) */
+            char fm[256];
+            double psi = c->optim_params, coef = psi > 0 ? c->comm_bytes / (4 * psi) : 0;
+            int N = r->group, G = N ? r->world / N : 1, k = r->zero >= 3 ? 2 : 1;
+            if (N && r->zero >= 1)
+                snprintf(fm, sizeof fm, "hybrid shard, %d groups of %d: Psi (%d-1)/%d reduce-scatter + 2 Psi/%d (%d-1)/%d "
+                         "shard all-reduce + %d Psi (%d-1)/%d all-gather = %.4g Psi", G, N, N, N, N, G, G, k, N, N, coef);
+            else
+                snprintf(fm, sizeof fm, "ZeRO's %s Psi x (%d-1)/%d = %.4g Psi", r->zero >= 3 ? "3" : "2", r->world, r->world,
+                         coef);
+            fprintf(f, "data parallel over %d ranks, ZeRO stage %d: per rank per step %s of collectives (%s fp32 values, "
+                       "Psi = %.0f parameters), %.3f s at %g Gbit/s, included in s/step (not overlapped)%s\n",
+                    r->world, r->zero, mf_size_format((size_t)c->comm_bytes, p, sizeof p), fm, c->optim_params, c->comm_s,
+                    r->net_gbps, r->net_gbps > 0 ? "" : " (--net_gbps B adds the time at B Gbit/s)");
+        }
     }
 }
 

@@ -379,6 +379,7 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
         return mf_fail("world_size %d, but this process is one of %d ranks (train takes the ranks from mpirun -np)",
                        cfg->world_size, t->world);
     if (mf_zero_check(cfg, t->world) || mf_dist_set_group(cfg->zero_group)) return -1;
+    if (mode == MF_MODE_TRAIN && (mf_dist_ep_check(cfg, t->world, 1) || mf_dist_ep_init(cfg->expert_parallel))) return -1;
     t->B = cfg->batch / t->world;
     t->T = cfg->seq ? cfg->seq : t->d.maxT;
     if (t->T > t->d.maxT) return mf_fail("seq %d exceeds the model's block_size %d", t->T, t->d.maxT);
