@@ -180,7 +180,7 @@ static void test_layers(mf_dtype dt) {
     memset(db0, 0, OC * 4);
     float *dummy = calloc(nw, 4), *dummyi = malloc(nx * 4);
     mf_matmul_backward(dummyi, dummy, db0, dout, xw, ww, N, C, OC);
-    mf_matmul16_backward(dt, dinp1, dw1, db1, dout, d16, xh, wh, N, C, OC, scr, sb);
+    mf_matmul16_backward(dt, dinp1, dw1, 0, db1, dout, d16, xh, wh, N, C, OC, scr, sb);
     close_rel("matmul backward dinp", dt, dinp1, dinp0, nx, 1e-4);
     close_rel("matmul backward dw", dt, dw1, dw0, nw, 1e-4);
     CHECK(memcmp(db0, db1, OC * 4) == 0, "%s matmul backward: bias gradient differs from fp32's", dname(dt));
@@ -201,7 +201,7 @@ static void test_layers(mf_dtype dt) {
     fill(dl, nl, 0.01f, 18);
     round_trip(dt, dlw, dl16, dl, nl);
     mf_classifier_backward(dx0, dwte0, dlw, xw, wtew, N, C, Vp);
-    mf_classifier16_backward(dt, dx1, dwte1, dl, dl16, xh, wteh, N, C, Vp, scr, sb);
+    mf_classifier16_backward(dt, dx1, dwte1, 0, dl, dl16, xh, wteh, N, C, Vp, scr, sb);
     close_rel("classifier backward dx", dt, dx1, dx0, nx, 1e-4);
     close_rel("classifier backward dwte", dt, dwte1, dwte0, ne, 1e-4);
 
