@@ -258,9 +258,7 @@ void mf_matmul16_backward(mf_dtype dt, float *dinp, void *dw, int dw16, float *d
  * product added to its widened values and rounded to nearest-even once. */
 void mf_gemm16_dw(mf_dtype dt, void *dW, int dw16, const void *A, const void *B, int M, int N, int K, int tA, int tB,
                   void *scratch, size_t scratch_bytes);
-/* out[i] = bf16 round-to-nearest-even of (out[i] widened + in[i]): one
- * rounding per element (grad_dtype bf16's embedding rows). */
-void mf_bf16_add_f32(uint16_t *out, const float *in, size_t n);
+
 /* As mf_classifier_forward / _backward with 16-bit x and wte; backward
  * rounds dlogits into dlogits16 (N*Vp 16-bit), or with dlogits NULL takes
  * dlogits16 as already rounded (mf_crossentropy_forward_bf16). */

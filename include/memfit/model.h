@@ -238,9 +238,9 @@ typedef struct {
     int emb_map;          /* (V) int32: token -> slot or -1, head phase only */
     int emb_nuniq;        /* slots in use this micro-step */
     int emb_stage;        /* grads_ready for the embedding: 1 = untouched rows (head), 2 = touched rows */
-    int emb_fold;         /* grad_dtype bf16 without emb_split: the embedding backward sums each distinct
-                           * token's positions in emb_rows (fp32, a work row of its phase) and adds each
-                           * slot into the bf16 gradient row once */
+    int emb_fold;         /* grad_dtype bf16 without emb_split: the embedding backward widens each distinct
+                           * token's bf16 gradient row into a slot of emb_rows (fp32, a work row of its
+                           * phase), adds the token's positions there and rounds the slot back once */
     int upd32;            /* bf16 without master weights: fp32 scratch (optimizer phase) the update of one
                            * 16-bit tensor runs in before stochastic rounding back; grad_dtype bf16: also
                            * the slice of the gradient widened for the update (last slot), else -1 */

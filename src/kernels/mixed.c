@@ -204,11 +204,6 @@ void mf_gemm16_dw(mf_dtype dt, void *dW, int dw16, const void *A, const void *B,
                  mf_error());
 }
 
-void mf_bf16_add_f32(uint16_t *out, const float *in, size_t n) {
-#pragma omp parallel for schedule(static) if (n >= MF_PAR_MIN)
-    for (size_t i = 0; i < n; i++) out[i] = mf_f32_to_bf16(mf_bf16_to_f32(out[i]) + in[i]);
-}
-
 void mf_matmul16_backward(mf_dtype dt, float *dinp, void *dw, int dw16, float *dbias, const float *dout, void *dout16,
                           const void *inp, const void *w, int N, int C, int OC, void *scratch, size_t scratch_bytes) {
     if (N <= 0 || C <= 0 || OC <= 0) return;

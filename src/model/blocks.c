@@ -259,9 +259,10 @@ void mf_embed_block_backward(mf_model *m, mf_arena *a, int B, int T) {
     const int32_t *uniq = NULL;
     if (m->emb_fold) {
         /* grad_dtype bf16: each distinct token gets a slot (in order of
-         * first appearance) in the fp32 emb_rows; its positions add into
-         * the slot in the plain kernel's order, and the slot is added into
-         * the bf16 gradient row with one rounding */
+         * first appearance) in the fp32 emb_rows holding its row of the
+         * classifier's (bf16) gradient widened; its positions add into the
+         * slot in the plain kernel's order, and the slot is rounded back
+         * into the bf16 row once (as update_in_backward's emb_split sums) */
         int32_t *map = mf_arena_get(a, m->emb_map), *slot = mf_arena_get(a, m->emb_index);
         int32_t *u = slot + (int64_t)m->B * m->T;
         memset(map, 0xff, (size_t)m->d.Vp * sizeof *map);
@@ -270,7 +271,9 @@ void mf_embed_block_backward(mf_model *m, mf_arena *a, int B, int T) {
             slot[n] = map[inp[n]];
         }
         dwte = BUF(m->emb_rows);
-        memset(dwte, 0, (size_t)U * C * sizeof *dwte);
+        uint16_t *g16 = (uint16_t *)mf_model_tensor_g(m, a, m->t_emb);
+#pragma omp parallel for schedule(static)
+        for (int s = 0; s < U; s++) mf_f32_from_bf16(dwte + (size_t)s * C, g16 + (size_t)u[s] * C, (size_t)C);
         inp = slot, uniq = u;
     }
     const int32_t *pos = mf_model_doc_pos(m, a);
@@ -283,7 +286,14 @@ void mf_embed_block_backward(mf_model *m, mf_arena *a, int B, int T) {
     if (m->emb_fold) {
         uint16_t *g16 = (uint16_t *)mf_model_tensor_g(m, a, m->t_emb);
 #pragma omp parallel for schedule(static)
-        for (int s = 0; s < U; s++) mf_bf16_add_f32(g16 + (size_t)uniq[s] * C, dwte + (size_t)s * C, (size_t)C);
+        for (int s = 0; s < U; s++) mf_bf16_from_f32(g16 + (size_t)uniq[s] * C, dwte + (size_t)s * C, (size_t)C);
+    } else if (m->emb_split && m->tensors[m->t_emb].g16) {
+        /* the same values the bf16 row would hold: the rows rounded to
+         * nearest-even as emb_fold rounds them (update_in_backward then
+         * gives the plain step's weights bit for bit) */
+        size_t n = (size_t)m->emb_nuniq * C;
+#pragma omp parallel for schedule(static)
+        for (size_t k = 0; k < n; k++) dwte[k] = mf_bf16_to_f32(mf_f32_to_bf16(dwte[k]));
     }
 }
 
