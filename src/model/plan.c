@@ -887,10 +887,10 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
              * widened beside it; grad_dtype bf16: its gradient too (the
              * last slot; with master weights the only one) */
             int64_t sl = 0;
-            int slots = (!m->opt.master) + (m->opt.grad16 ? 1 : 0);
+            int base = (!m->opt.master) + (m->opt.grad16 ? 1 : 0), slots = base;
             for (int i = 0; i < m->n_tensors; i++) {
                 const mf_tensor *x = &m->tensors[i];
-                int k = slots + (mf_optim_half(&m->opt, &x->os) ? 2 : 0);
+                int k = base + (mf_optim_half(&m->opt, &x->os) ? 2 : 0);
                 if (mf_tensor_is16(m, x) && !x->frozen && mf_optim_slice(&m->opt, &x->os) > sl) sl = mf_optim_slice(&m->opt, &x->os);
                 if (k > slots && mf_tensor_is16(m, x) && !x->frozen) slots = k;
             }
