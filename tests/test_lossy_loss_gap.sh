@@ -14,6 +14,12 @@
 #   (+0.13%), adafactor 5.9897 (-0.94%).
 # - bf16 master-less with update_in_backward and pure bf16 against fp32,
 #   all without clipping, 150 steps (below).
+# - bf16 gradients (--grad_dtype bf16) against the same fp32 baseline, 300
+#   steps, within 2% either way: with one micro-batch (each weight
+#   gradient rounded once), and as batch 2 x grad_accum 2 (the second
+#   micro-batch's gradient added to the bf16 row and rounded again: the
+#   cost of accumulating in bf16; fp32 accumulation is exact, so fp32 B4
+#   is its baseline too).
 # (Release build only: several minutes on 2 cores.)
 set -u
 M=${MEMFIT_BIN:?}
@@ -38,6 +44,8 @@ for o in adamw8bit adafactor; do run "$o" 300 --optimizer "$o"; done
 run fp32-noclip 150 --precision fp32 --grad_clip 0
 run bf16-nomaster-uib 150 --precision bf16 --master_weights 0 --update_in_backward 1 --grad_clip 0
 run bf16-pure-uib 150 --precision bf16 --master_weights 0 --pure_bf16 1 --update_in_backward 1 --grad_clip 0
+run bf16-g16 300 --precision bf16 --grad_dtype bf16
+run bf16-g16-accum2 300 --precision bf16 --grad_dtype bf16 --batch 2 --grad_accum 2
 /usr/bin/python3 - "$W" <<'PY'
 import json, sys
 w = sys.argv[1]
@@ -48,7 +56,8 @@ def last(p):
 base, bmem, _ = last("fp32")
 ok = True
 print("fp32 val %.4f, ledger peak %.1f MiB" % (base, bmem / 2**20))
-for p, ref in (("bf16", "fp32"), ("fp16", "fp32"), ("bf16-nomaster-uib", "fp32-noclip"), ("bf16-pure-uib", "fp32-noclip")):
+for p, ref in (("bf16", "fp32"), ("fp16", "fp32"), ("bf16-nomaster-uib", "fp32-noclip"), ("bf16-pure-uib", "fp32-noclip"),
+               ("bf16-g16", "fp32"), ("bf16-g16-accum2", "fp32")):
     base = last(ref)[0]
     v, mem, sk = last(p)
     gap = (v - base) / base

@@ -3,7 +3,8 @@
 # fp32; with it, bf16 (with and without master weights) settings appear,
 # are marked lossy, and the bf16 setting without master weights is smaller
 # than the fp32 one with the same other keys (its bytes are the real
-# plan's, equal to memfit estimate's); --precision set explicitly pins it.
+# plan's, equal to memfit estimate's); --precision set explicitly pins it;
+# bf16 gradients are offered the same way and are smaller.
 set -u
 M=${MEMFIT_BIN:?}
 W=$(mktemp -d /tmp/memfit-plan-prec-XXXXXX)
@@ -35,6 +36,14 @@ nm = [s for s in b if not s["master_weights"] and key(s) in f32]
 check(nm and all(s["arena_bytes"] < f32[key(s)]["arena_bytes"] for s in nm), "bf16 without master weights is smaller than fp32 in every pair (%d)" % len(nm))
 plain = [s for s in nm if key(s) == ("none", 4, 1, "adamw", 0, 0)]
 check(plain and plain[0]["arena_bytes"] == est["arena"], "the plan's bytes equal memfit estimate's (%s vs %s)" % (plain[0]["arena_bytes"] if plain else None, est.get("arena")))
-check(all(s["precision"] == "bf16" and s["master_weights"] for s in pi), "--precision bf16 pins the axis (%d settings)" % len(pi))
+check(all(s["precision"] == "bf16" and s["master_weights"] and not s["pure_bf16"] for s in pi), "--precision bf16 pins the axis (%d settings)" % len(pi))
+# bf16 gradients (--grad_dtype bf16): offered under --allow lossy, marked
+# lossy, each smaller than its twin with fp32 gradients; never without it
+k2 = lambda s: key(s) + (s["master_weights"], s["pure_bf16"])
+g32 = {k2(s): s for s in b if s["grad_dtype"] == "fp32"}
+g16 = [s for s in b if s["grad_dtype"] == "bf16" and k2(s) in g32]
+check(g16 and all(s["lossy"] and s["arena_bytes"] < g32[k2(s)]["arena_bytes"] for s in g16),
+      "bf16 gradients offered, lossy, smaller than fp32 gradients in every pair (%d)" % len(g16))
+check(all(s["grad_dtype"] == "fp32" for s in ex), "without --allow lossy every setting has fp32 gradients")
 sys.exit(0 if ok else 1)
 PY

@@ -180,7 +180,7 @@ static void test_layers(mf_dtype dt) {
     memset(db0, 0, OC * 4);
     float *dummy = calloc(nw, 4), *dummyi = malloc(nx * 4);
     mf_matmul_backward(dummyi, dummy, db0, dout, xw, ww, N, C, OC);
-    mf_matmul16_backward(dt, dinp1, dw1, db1, dout, d16, xh, wh, N, C, OC, scr, sb);
+    mf_matmul16_backward(dt, dinp1, dw1, 0, db1, dout, d16, xh, wh, N, C, OC, scr, sb);
     close_rel("matmul backward dinp", dt, dinp1, dinp0, nx, 1e-4);
     close_rel("matmul backward dw", dt, dw1, dw0, nw, 1e-4);
     CHECK(memcmp(db0, db1, OC * 4) == 0, "%s matmul backward: bias gradient differs from fp32's", dname(dt));
@@ -201,7 +201,7 @@ static void test_layers(mf_dtype dt) {
     fill(dl, nl, 0.01f, 18);
     round_trip(dt, dlw, dl16, dl, nl);
     mf_classifier_backward(dx0, dwte0, dlw, xw, wtew, N, C, Vp);
-    mf_classifier16_backward(dt, dx1, dwte1, dl, dl16, xh, wteh, N, C, Vp, scr, sb);
+    mf_classifier16_backward(dt, dx1, dwte1, 0, dl, dl16, xh, wteh, N, C, Vp, scr, sb);
     close_rel("classifier backward dx", dt, dx1, dx0, nx, 1e-4);
     close_rel("classifier backward dwte", dt, dwte1, dwte0, ne, 1e-4);
 
@@ -221,11 +221,61 @@ static void test_layers(mf_dtype dt) {
     free(dx0); free(dx1); free(dwte0); free(dwte1); free(ids); free(wpe); free(e0); free(e1);
 }
 
+/* grad_dtype bf16: a weight gradient's GEMM writing a bf16 row equals the
+ * fp32 GEMM's result (the same operands, starting from the widened old
+ * values) rounded to nearest-even, element for element; K is the rows of
+ * the micro-batch. Large K: the fp32 result may be summed in K blocks
+ * (dnnl_mm.c) and the bf16 one not, so there within one bf16 place. */
+static void test_grad16(void) {
+    static const int shp[][4] = {{96, 160, 64, 0}, {64, 96, 200, 1}, {48, 80, 2304, 0}};  /* M, N, K, start nonzero */
+    for (int k = 0; k < 3; k++) {
+        int M = shp[k][0], N = shp[k][1], K = shp[k][2];
+        size_t na = (size_t)K * M, nb = (size_t)K * N, nc = (size_t)M * N;
+        float *a = malloc(na * 4), *b = malloc(nb * 4), *aw = malloc(na * 4), *bw = malloc(nb * 4);
+        float *c32 = malloc(nc * 4), *old = malloc(nc * 4);
+        uint16_t *ah = malloc(na * 2), *bh = malloc(nb * 2), *c16 = malloc(nc * 2), *oldh = malloc(nc * 2);
+        fill(a, na, 0.5f, 31 + k);
+        fill(b, nb, 0.02f, 41 + k);
+        fill(old, nc, shp[k][3] ? 0.05f : 0.0f, 51 + k);
+        round_trip(MF_DTYPE_BF16, aw, ah, a, na);
+        round_trip(MF_DTYPE_BF16, bw, bh, b, nb);
+        round_trip(MF_DTYPE_BF16, c32, oldh, old, nc);  /* c32 = the old values widened */
+        memcpy(c16, oldh, nc * 2);
+        size_t sb = mf_gemm16_scratch_bytes(MF_DTYPE_BF16, M, N, K, 1, 0, 1, 0);
+        size_t s2 = mf_gemm_bf16_scratch_bytes(M, N, K, 1, 0, 1, 1, 0);
+        if (s2 > sb) sb = s2;
+        void *scr = malloc(sb ? sb : 1);
+        /* dW (M,N) += A^T B, A stored (K,M): the layers' and the head's form */
+        mf_gemm16_dw(MF_DTYPE_BF16, c32, 0, ah, bh, M, N, K, 1, 0, scr, sb ? sb : 1);
+        mf_gemm16_dw(MF_DTYPE_BF16, c16, 1, ah, bh, M, N, K, 1, 0, scr, sb ? sb : 1);
+        size_t diff = 0, far = 0;
+        double mx = 0;
+        for (size_t i = 0; i < nc; i++) mx = fmax(mx, fabs(c32[i]));
+        for (size_t i = 0; i < nc; i++) {
+            uint16_t want = mf_f32_to_bf16(c32[i]);
+            if (c16[i] != want) {
+                diff++;
+                /* one bf16 place of the value, plus fp32 round-off of the
+                 * largest sum (an element near zero may change sign) */
+                if (fabs(mf_bf16_to_f32(c16[i]) - c32[i]) > fabs(c32[i]) / 256 + mx * 0x1p-16) far++;
+            }
+        }
+        int exact = K <= 1024;
+        CHECK(exact ? diff == 0 : far == 0, "bf16 gradient %dx%dx%d (start %s): %zu of %zu differ from the fp32 "
+              "gradient rounded, %zu by more than one bf16 place", M, N, K, shp[k][3] ? "nonzero" : "zero", diff, nc, far);
+        if (exact ? diff : far) bad++;
+        printf("bf16 gradient %dx%dx%d (start %s): %zu of %zu elements differ from the fp32 gradient rounded to "
+               "nearest-even%s\n", M, N, K, shp[k][3] ? "nonzero" : "zero", diff, nc, exact ? "" : " (K blocked, within one place)");
+        free(a); free(b); free(aw); free(bw); free(c32); free(old); free(ah); free(bh); free(c16); free(oldh); free(scr);
+    }
+}
+
 int main(void) {
     mf_dtype dts[2] = {MF_DTYPE_BF16, MF_DTYPE_F16};
     for (int i = 0; i < 2; i++) {
         test_gemm(dts[i]);
         test_layers(dts[i]);
     }
+    test_grad16();
     return mf_test_done("test_precision_kernels");
 }

@@ -3,7 +3,7 @@
 # baseline plus the planned arena, and the ledger equals the plan, for
 # models from 1M to 124M parameters, every recompute policy, every
 # optimizer, every precision (bf16 without master weights updated in
-# backward or from disk too), LoRA on a frozen base (fp32 and NF4), and
+# backward or from disk too, bf16 gradients), LoRA on a frozen base (fp32 and NF4), and
 # Llama-family models (from a preset and from a Hugging Face folder), a
 # mixture of experts, and chat data (JSONL, packed and not).
 # (Release build only: sanitizers change the process's memory.)
@@ -58,6 +58,12 @@ run gpt2-10m-B8-T256-bf16-nomaster-uib-8bit --model gpt2-10m --batch 8 --seq 256
   --master_weights=0 --recompute full --optimizer adamw8bit --update_in_backward --grad_clip 0
 run gpt2-10m-B8-T256-pure-bf16-uib --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16 \
   --master_weights=0 --pure_bf16 1 --update_in_backward --grad_clip 0
+# bf16 gradients (grad_dtype bf16): with master weights and accumulation,
+# and the everything-on setting (master-less, update_in_backward, 8-bit AdamW)
+run gpt2-10m-B8-T256-bf16-grads-accum2 --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16 \
+  --grad_dtype bf16 --grad_accum 2
+run gpt2-10m-B8-T256-bf16-grads-everything --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16 \
+  --master_weights=0 --recompute full --optimizer adamw8bit --update_in_backward --grad_clip 0 --grad_dtype bf16
 run gpt2-10m-B8-T256-bf16-nomaster-offload --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision bf16 \
   --master_weights=0 --offload "optimizer=disk:$W/state16.bin"
 run gpt2-10m-B8-T256-fp16 --model gpt2-10m --batch 8 --seq 256 --steps 2 --precision fp16

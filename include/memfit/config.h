@@ -43,6 +43,7 @@ typedef struct {
     int update_in_backward;   /* apply each update as its gradient completes */
     char precision[8];        /* fp32 | bf16 | fp16: dtype of GEMM weights and GEMM-input activations */
     int master_weights;
+    char grad_dtype[8];       /* fp32 | bf16: dtype of the 16-bit weights' gradients (bf16: precision bf16 only) */
     int pure_bf16;            /* bf16 AdamW moments for the 16-bit weights (needs master_weights 0) */
     double loss_scale;        /* fp16: initial dynamic loss scale */
     int loss_scale_interval;  /* fp16: clean steps before the scale doubles */       /* 16-bit precision: keep fp32 master weights (off: bf16 only, stochastic rounding) */

@@ -251,14 +251,20 @@ size_t mf_gemm16_scratch_bytes(mf_dtype dt, int M, int N, int K, int tA, int tB,
  * dout into dout16 (N*OC 16-bit) for the two GEMMs; dbias sums the fp32 dout. */
 void mf_matmul16_forward(mf_dtype dt, float *out, const void *inp, const void *w, const float *bias, int N, int C,
                          int OC, int accumulate, void *scratch, size_t scratch_bytes);
-void mf_matmul16_backward(mf_dtype dt, float *dinp, float *dw, float *dbias, const float *dout, void *dout16,
+void mf_matmul16_backward(mf_dtype dt, float *dinp, void *dw, int dw16, float *dbias, const float *dout, void *dout16,
                           const void *inp, const void *w, int N, int C, int OC, void *scratch, size_t scratch_bytes);
+/* A weight gradient's GEMM: dW (M,N) += op(A) op(B), fp32 accumulation;
+ * dW fp32, or with dw16 (dt bf16 only: grad_dtype bf16) a bf16 row, the
+ * product added to its widened values and rounded to nearest-even once. */
+void mf_gemm16_dw(mf_dtype dt, void *dW, int dw16, const void *A, const void *B, int M, int N, int K, int tA, int tB,
+                  void *scratch, size_t scratch_bytes);
+
 /* As mf_classifier_forward / _backward with 16-bit x and wte; backward
  * rounds dlogits into dlogits16 (N*Vp 16-bit), or with dlogits NULL takes
  * dlogits16 as already rounded (mf_crossentropy_forward_bf16). */
 void mf_classifier16_forward(mf_dtype dt, float *logits, const void *x, const void *wte, int N, int C, int Vp,
                              void *scratch, size_t scratch_bytes);
-void mf_classifier16_backward(mf_dtype dt, float *dx, float *dwte, const float *dlogits, void *dlogits16,
+void mf_classifier16_backward(mf_dtype dt, float *dx, void *dwte, int dw16, const float *dlogits, void *dlogits16,
                               const void *x, const void *wte, int N, int C, int Vp, void *scratch,
                               size_t scratch_bytes);
 

@@ -151,6 +151,7 @@ typedef struct {
     int64_t numel;
     int decay;          /* AdamW weight decay applies (2-D by default; the trainer applies decay_on) */
     int p, g;           /* plan ids: param, grad (-1 if none) */
+    int g16;            /* grad_dtype bf16: g is a bf16 row (a 16-bit weight's gradient), else fp32 */
     int st[MF_OPTIM_STATES]; /* optimizer state rows (mf_optim_plan; -1 if none) */
     mf_optim_shape os;  /* the tensor as the optimizer sees it (ZeRO >= 1: this rank's shard, 1-D) */
     int64_t lo, hi;     /* this rank's shard of the elements (dist/; [0, numel) unless ZeRO >= 1 on > 1 rank) */
@@ -253,8 +254,13 @@ typedef struct {
     int emb_map;          /* (V) int32: token -> slot or -1, head phase only */
     int emb_nuniq;        /* slots in use this micro-step */
     int emb_stage;        /* grads_ready for the embedding: 1 = untouched rows (head), 2 = touched rows */
+    int emb_fold;         /* grad_dtype bf16 without emb_split: the embedding backward widens each distinct
+                           * token's bf16 gradient row into a slot of emb_rows (fp32, a work row of its
+                           * phase), adds the token's positions there and rounds the slot back once */
     int upd32;            /* bf16 without master weights: fp32 scratch (optimizer phase) the update of one
-                           * 16-bit tensor runs in before stochastic rounding back, else -1 */
+                           * 16-bit tensor runs in before stochastic rounding back; grad_dtype bf16: also
+                           * the slice of the gradient widened for the update (last slot), else -1 */
+    int64_t upd_slice;    /* elements per slot of upd32 */
     int gemm_scratch;     /* the GEMM library's scratch (bytes below; fp32: only with the matmul backend), else -1 */
     size_t gemm_scratch_bytes;
     int comm;             /* dist: the ring collectives' scratch row (mf_zero_plan), else -1 */
@@ -381,7 +387,7 @@ void mf_model_sync_params(const mf_model *m, const mf_arena *a, int first, int n
  * will run once on zeroed heap operands (freed again), so the GEMM
  * library's code and caches exist before the baseline RSS is read (as
  * mf_blas_warmup does for OpenBLAS). No-op for F32. */
-int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss_chunk, int train);
+int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss_chunk, int train, int grad16);
 /* Pointers to tensor t's optimizer state rows (NULL where unused). */
 void mf_model_state_ptrs(const mf_model *m, const mf_arena *a, const mf_tensor *t, void *ptr[MF_OPTIM_STATES]);
 /* Sets tensor t's optimizer state to "no steps yet". */

@@ -155,6 +155,8 @@ typedef struct {
     mf_dtype compute;              /* precision: F32, BF16 or F16 for GEMM weights and GEMM-input activations */
     int master;                    /* 16-bit compute: fp32 master weights kept (category master) */
     int half_state;                /* pure_bf16: AdamW's m and v of 16-bit weights are bf16 (mf_optim_half) */
+    int grad16;                    /* grad_dtype bf16: the 16-bit weights' gradient rows are bf16; the
+                                    * update widens them a slice at a time (docs/precision.md) */
     int zero, world, rank;         /* ZeRO stage and this rank (set by the trainer, dist/): with zero >= 1 on
                                     * world > 1 ranks the state covers this rank's shard of each tensor */
     int group;                     /* ranks one tensor is sharded over (zero_group; world when 0): the shard

@@ -82,6 +82,7 @@ typedef struct {
     char precision[8];    /* fp32 | bf16 | fp16 */
     int master;           /* 16-bit precision with fp32 master weights */
     int pure;             /* pure_bf16: bf16 weights and AdamW moments */
+    int grad16;           /* grad_dtype bf16: bf16 gradients of the 16-bit weights */
     char lora[256];       /* "" (full fine-tuning) or the --lora spec */
     char base_dtype[8];   /* with lora: the frozen base's storage */
     char teacher_dtype[8]; /* with a teacher (distillation): its storage, else "" */

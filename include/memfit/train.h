@@ -164,9 +164,10 @@ int mf_trainer_sample(mf_trainer *t, const char *prompt, int n, FILE *out);
 /* master_weights 0: updates elements [e0, e0+n) of 16-bit tensor i (e0 on
  * a quantisation block) a slice at a time through work.update_f32, st[]
  * and g pointing at element e0's state and gradient, rounding back
- * stochastically. */
-void mf_trainer_update16(mf_trainer *t, int i, void *const st[MF_OPTIM_STATES], int64_t e0, int64_t n, const float *g,
-                         float gscale);
+ * stochastically. g16 (grad_dtype bf16): g is bf16, each slice of it is
+ * widened into work.update_f32 too. */
+void mf_trainer_update16(mf_trainer *t, int i, void *const st[MF_OPTIM_STATES], int64_t e0, int64_t n, const void *g,
+                         int g16, float gscale);
 int mf_offstate_open(mf_trainer *t);
 void mf_offstate_close(mf_trainer *t);
 int mf_offstate_zero(mf_trainer *t);

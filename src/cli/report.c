@@ -110,9 +110,10 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
     lora_line(f, &t->model, &t->cfg, d);
     teacher_line(f, &t->model, &t->plan);
     if (t->model.cdt != MF_DTYPE_F32)
-        fprintf(f, "precision %s: 16-bit GEMM weights and GEMM inputs, fp32 %s, gradients and reductions; GEMM %s%s\n",
+        fprintf(f, "precision %s: 16-bit GEMM weights and GEMM inputs, fp32 %s, %sreductions; GEMM %s%s\n",
                 t->cfg.precision, t->model.opt.master ? "master weights, optimizer state" : "optimizer state (bf16 weights, "
-                "stochastic rounding)", t->model.cdt == MF_DTYPE_BF16 ? "oneDNN " : "fp32 sgemm on widened fp16 blocks",
+                "stochastic rounding)", t->model.opt.grad16 ? "bf16 gradients of the 16-bit weights, fp32 " : "gradients and ",
+                t->model.cdt == MF_DTYPE_BF16 ? "oneDNN " : "fp32 sgemm on widened fp16 blocks",
                 t->model.cdt == MF_DTYPE_BF16 ? mf_gemm_bf16_impl() : "");
     if (t->world > 1)
         fprintf(f, "data parallel: %d ranks of batch %d (global batch %d), ZeRO stage %d; memory below is per rank\n",
@@ -328,7 +329,9 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
                         const mf_model *m, size_t runtime) {
     char a[32], b[32];
     char rc[64], od[64];
-    const char *prec = m->cdt == MF_DTYPE_BF16 ? (m->opt.master ? "bf16 (fp32 master weights)" : "bf16 (no master weights)")
+    const char *prec = m->cdt == MF_DTYPE_BF16 && m->opt.grad16
+                           ? (m->opt.master ? "bf16 (fp32 master weights, bf16 gradients)" : "bf16 (no master weights, bf16 gradients)")
+                     : m->cdt == MF_DTYPE_BF16 ? (m->opt.master ? "bf16 (fp32 master weights)" : "bf16 (no master weights)")
                      : m->cdt == MF_DTYPE_F16 ? "fp16 (fp32 master weights, loss scaling)" : "fp32";
     fprintf(f, "model %s: %lld params (L%d C%d H%d, block %d, vocab %d), batch %d x seq %d, %s, optimizer %s, recompute %s\n",
             model_name(cfg), (long long)mf_model_n_params(d), d->L, d->C, d->NH, d->maxT, d->V, m->B, m->T, prec,
@@ -467,6 +470,7 @@ cJSON *mf_report_plan_json(const mf_config *cfg, const mf_dims *d, const mf_plan
     cJSON_AddStringToObject(o, "recompute", cfg->recompute);
     cJSON_AddStringToObject(o, "precision", m->mode == MF_MODE_TRAIN ? cfg->precision : "fp32");
     cJSON_AddBoolToObject(o, "master_weights", m->opt.master);
+    cJSON_AddStringToObject(o, "grad_dtype", m->mode == MF_MODE_TRAIN && m->opt.grad16 ? "bf16" : "fp32");
     cJSON_AddNumberToObject(o, "world_size", m->opt.world > 1 ? m->opt.world : 1);
     cJSON_AddNumberToObject(o, "zero", cfg->zero);
     {

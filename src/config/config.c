@@ -69,7 +69,8 @@ static const key_row keys[] = {
     {"update_in_backward", T_BOOL, F(update_in_backward), 0, "0", 0, 1, "apply each tensor's update as soon as its gradient is complete and drop the gradient (needs grad_accum 1, grad_clip 0)"},
     {"precision", T_STR, S(precision), "fp32", 0, 0, "fp32, bf16 or fp16: bf16/fp16 keep GEMM weights and GEMM-input activations in 16 bits (fp32 master weights, optimizer state, gradients and every reduction stay fp32; fp16 adds dynamic loss scaling). Training only; see docs/precision.md"},
     {"master_weights", T_BOOL, F(master_weights), 0, "1", 0, 1, "with precision bf16: 0 drops the fp32 master copy and updates the bf16 weights with stochastic rounding (as llm.c does)"},
-    {"pure_bf16", T_BOOL, F(pure_bf16), 0, "0", 0, 1, "with precision bf16, master_weights 0 and optimizer adamw: AdamW's moments of the 16-bit weights in bf16 too, rounded stochastically (the least memory; gradients stay fp32). See docs/precision.md"},
+    {"pure_bf16", T_BOOL, F(pure_bf16), 0, "0", 0, 1, "with precision bf16, master_weights 0 and optimizer adamw: AdamW's moments of the 16-bit weights in bf16 too, rounded stochastically (the least memory). See docs/precision.md"},
+    {"grad_dtype", T_STR, S(grad_dtype), "fp32", 0, 0, "fp32 or bf16: dtype of the 16-bit weights' gradient rows (bf16 needs precision bf16: the weight-gradient GEMMs accumulate in fp32 and round once to nearest-even, micro-batches accumulate in bf16; the norm, clip and optimizer widen them to fp32; biases, norms and wpe keep fp32 gradients). See docs/precision.md"},
     {"loss_scale", T_FLOAT, F(loss_scale), 0, "65536", 1, 1e30, "precision fp16: initial dynamic loss scale (GradScaler's 2^16); halved and the step skipped on inf/NaN gradients"},
     {"loss_scale_interval", T_INT, F(loss_scale_interval), 0, "2000", 1, 1 << 30, "precision fp16: clean steps in a row after which the loss scale doubles (GradScaler's growth_interval)"},
     {"offload", T_STR, S(offload), "", 0, 0, "optimizer=disk:PATH keeps optimizer state in the file PATH, streamed through two windows at the optimizer step (adamw, adamw8bit, sgd)"},
@@ -238,8 +239,9 @@ int mf_config_set(mf_config *c, const char *key, const char *value) {
     if (strcmp(r->key, "train_on") == 0 && check_enum(r->key, value, on)) return -1;
     if (strcmp(r->key, "packing") == 0 && check_enum(r->key, value, pk)) return -1;
     if (strcmp(r->key, "optimizer") == 0 && check_enum(r->key, value, opt)) return -1;
-    static const char *const prec[] = {"fp32", "bf16", "fp16", NULL};
+    static const char *const prec[] = {"fp32", "bf16", "fp16", NULL}, *const gdt[] = {"fp32", "bf16", NULL};
     if (strcmp(r->key, "precision") == 0 && check_enum(r->key, value, prec)) return -1;
+    if (strcmp(r->key, "grad_dtype") == 0 && check_enum(r->key, value, gdt)) return -1;
     static const char *const plan[] = {"auto", "off", NULL}, *const allow[] = {"", "lossy", NULL};
     if (strcmp(r->key, "plan") == 0 && check_enum(r->key, value, plan)) return -1;
     if (strcmp(r->key, "allow") == 0 && check_enum(r->key, value, allow)) return -1;

@@ -189,12 +189,27 @@ void mf_matmul16_forward(mf_dtype dt, float *out, const void *inp, const void *w
     mf_gemm16(dt, out, inp, w, bias, N, OC, C, 0, 0, accumulate, scratch, scratch_bytes);
 }
 
-void mf_matmul16_backward(mf_dtype dt, float *dinp, float *dw, float *dbias, const float *dout, void *dout16,
+void mf_gemm16_dw(mf_dtype dt, void *dW, int dw16, const void *A, const void *B, int M, int N, int K, int tA, int tB,
+                  void *scratch, size_t scratch_bytes) {
+    if (!dw16) {
+        mf_gemm16(dt, dW, A, B, NULL, M, N, K, tA, tB, 1, scratch, scratch_bytes);
+        return;
+    }
+    if (dt != MF_DTYPE_BF16) mf_panic("a bf16 weight gradient needs bf16 operands");
+    if (M <= 0 || N <= 0 || K <= 0) return;
+    /* oneDNN's sum post-op: the fp32 accumulator plus the widened bf16
+     * values, rounded once (a bf16 result is never K-blocked: dnnl_mm.c) */
+    if (mf_gemm_bf16_sized(dW, A, B, NULL, M, N, K, tA, tB, 1, 1, scratch, scratch_bytes))
+        mf_panic("bf16 GEMM %dx%dx%d (bf16 gradient) failed (a memfit bug: the plan sized its scratch): %s", M, N, K,
+                 mf_error());
+}
+
+void mf_matmul16_backward(mf_dtype dt, float *dinp, void *dw, int dw16, float *dbias, const float *dout, void *dout16,
                           const void *inp, const void *w, int N, int C, int OC, void *scratch, size_t scratch_bytes) {
     if (N <= 0 || C <= 0 || OC <= 0) return;
     mf_half_from_f32(dt, dout16, dout, (size_t)N * OC);
     /* dw (C,OC) += inp^T @ dout first: inp may live in dinp's buffer */
-    mf_gemm16(dt, dw, inp, dout16, NULL, C, OC, N, 1, 0, 1, scratch, scratch_bytes);
+    mf_gemm16_dw(dt, dw, dw16, inp, dout16, C, OC, N, 1, 0, scratch, scratch_bytes);
     if (dinp) mf_gemm16(dt, dinp, dout16, w, NULL, N, C, OC, 0, 1, 0, scratch, scratch_bytes);
     if (dbias) mf_kernels_isa_get()->bias_backward(dbias, dout, N, OC);  /* column sums of the fp32 gradient */
 }
@@ -204,10 +219,10 @@ void mf_classifier16_forward(mf_dtype dt, float *logits, const void *x, const vo
     mf_gemm16(dt, logits, x, wte, NULL, N, Vp, C, 0, 1, 0, scratch, scratch_bytes);
 }
 
-void mf_classifier16_backward(mf_dtype dt, float *dx, float *dwte, const float *dlogits, void *dlogits16,
+void mf_classifier16_backward(mf_dtype dt, float *dx, void *dwte, int dw16, const float *dlogits, void *dlogits16,
                               const void *x, const void *wte, int N, int C, int Vp, void *scratch,
                               size_t scratch_bytes) {
     if (dlogits) mf_half_from_f32(dt, dlogits16, dlogits, (size_t)N * Vp);
     mf_gemm16(dt, dx, dlogits16, wte, NULL, N, C, Vp, 0, 0, 0, scratch, scratch_bytes);
-    mf_gemm16(dt, dwte, dlogits16, x, NULL, Vp, C, N, 1, 0, 1, scratch, scratch_bytes);
+    mf_gemm16_dw(dt, dwte, dw16, dlogits16, x, Vp, C, N, 1, 0, scratch, scratch_bytes);
 }

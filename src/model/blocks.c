@@ -89,13 +89,13 @@ static void lin_fwd(const lin_ctx *c, float *y, int ldy, const void *x, const vo
 /* The backward of lin_fwd for dy (N rows of ldy, OC columns):
  * dW (OC,K) += dy^T x, db (OC) += column sums of dy (each NULL: skipped),
  * then dx (N,K) = beta * dx + dy W. dW goes first, so x may be dx's buffer. */
-static void lin_bwd(const lin_ctx *c, float *dx, float beta, float *dW, float *db, const float *dy, int ldy,
+static void lin_bwd(const lin_ctx *c, float *dx, float beta, float *dW, int dw16, float *db, const float *dy, int ldy,
                     const void *x, const void *W, int N, int K, int OC) {
     if (c->h16) {
         uint16_t *d16 = c->d16;
 #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; n++) mf_half_from_f32(c->dt, d16 + (size_t)n * OC, dy + (size_t)n * ldy, (size_t)OC);
-        if (dW) mf_gemm16(c->dt, dW, d16, x, NULL, OC, K, N, 1, 0, 1, c->gs, c->gb);
+        if (dW) mf_gemm16_dw(c->dt, dW, dw16, d16, x, OC, K, N, 1, 0, c->gs, c->gb);
     } else if (dW)
         mf_sgemm(1, 0, OC, K, N, 1.0f, dy, ldy, x, K, 1.0f, dW, K);
     if (db) {
@@ -180,13 +180,13 @@ static void proj_bwd(mf_model *m, mf_arena *a, const lin_ctx *c, int l, int lt, 
             memset(dx, 0, (size_t)N * in * sizeof(float));
             mf_quant_matmul_backward_input(dx, dy, LP(l, lt), N, in, out, q, quant_scratch(m, a));
         } else if (c->h16)
-            mf_matmul16_backward(c->dt, dx, dW, db, dy, c->d16, x, LP(l, lt), N, in, out, c->gs, c->gb);
+            mf_matmul16_backward(c->dt, dx, dW, w->g16, db, dy, c->d16, x, LP(l, lt), N, in, out, c->gs, c->gb);
         else mf_matmul_backward(dx, dW, db, dy, x, LP(l, lt), N, in, out);
     } else if (q) {
         if (beta == 0.0f) memset(dx, 0, (size_t)N * in * sizeof(float));
         mf_quant_linear_backward_input(dx, dy, ldy, LP(l, lt), N, in, out, q, quant_scratch(m, a));
     } else
-        lin_bwd(c, dx, beta, dW, db, dy, ldy, x, LP(l, lt), N, in, out);
+        lin_bwd(c, dx, beta, dW, w->g16, db, dy, ldy, x, LP(l, lt), N, in, out);
     if (m->lora.r) mf_lora_layer_backward_input(m, a, l, k, dx, N);
 }
 
@@ -255,13 +255,46 @@ void mf_embed_block_backward(mf_model *m, mf_arena *a, int B, int T) {
      * slot stands in for its token, so the sums run in the same order */
     if (m->emb_split) inp = mf_arena_get(a, m->emb_index);
     float *dres = BUF(m->dres), *dwte = m->emb_split ? BUF(m->emb_rows) : mf_model_tensor_g(m, a, m->t_emb);
+    int U = 0, C = m->d.C;
+    const int32_t *uniq = NULL;
+    if (m->emb_fold) {
+        /* grad_dtype bf16: each distinct token gets a slot (in order of
+         * first appearance) in the fp32 emb_rows holding its row of the
+         * classifier's (bf16) gradient widened; its positions add into the
+         * slot in the plain kernel's order, and the slot is rounded back
+         * into the bf16 row once (as update_in_backward's emb_split sums) */
+        int32_t *map = mf_arena_get(a, m->emb_map), *slot = mf_arena_get(a, m->emb_index);
+        int32_t *u = slot + (int64_t)m->B * m->T;
+        memset(map, 0xff, (size_t)m->d.Vp * sizeof *map);
+        for (int n = 0; n < B * T; n++) {
+            if (map[inp[n]] < 0) map[inp[n]] = U, u[U++] = inp[n];
+            slot[n] = map[inp[n]];
+        }
+        dwte = BUF(m->emb_rows);
+        uint16_t *g16 = (uint16_t *)mf_model_tensor_g(m, a, m->t_emb);
+#pragma omp parallel for schedule(static)
+        for (int s = 0; s < U; s++) mf_f32_from_bf16(dwte + (size_t)s * C, g16 + (size_t)u[s] * C, (size_t)C);
+        inp = slot, uniq = u;
+    }
     const int32_t *pos = mf_model_doc_pos(m, a);
     if (mf_model_block_desc(&m->d)->learned_pos && pos) {
-        mf_embed_backward(dwte, dres, inp, B * T, m->d.C);
-        mf_pos_embed_backward(mf_model_tensor_g(m, a, m->t_pos), dres, pos, B * T, m->d.C);
+        mf_embed_backward(dwte, dres, inp, B * T, C);
+        mf_pos_embed_backward(mf_model_tensor_g(m, a, m->t_pos), dres, pos, B * T, C);
     } else if (mf_model_block_desc(&m->d)->learned_pos)
-        mf_encoder_backward(dwte, mf_model_tensor_g(m, a, m->t_pos), dres, inp, B, T, m->d.C);
-    else mf_embed_backward(dwte, dres, inp, B * T, m->d.C);
+        mf_encoder_backward(dwte, mf_model_tensor_g(m, a, m->t_pos), dres, inp, B, T, C);
+    else mf_embed_backward(dwte, dres, inp, B * T, C);
+    if (m->emb_fold) {
+        uint16_t *g16 = (uint16_t *)mf_model_tensor_g(m, a, m->t_emb);
+#pragma omp parallel for schedule(static)
+        for (int s = 0; s < U; s++) mf_bf16_from_f32(g16 + (size_t)uniq[s] * C, dwte + (size_t)s * C, (size_t)C);
+    } else if (m->emb_split && m->tensors[m->t_emb].g16) {
+        /* the same values the bf16 row would hold: the rows rounded to
+         * nearest-even as emb_fold rounds them (update_in_backward then
+         * gives the plain step's weights bit for bit) */
+        size_t n = (size_t)m->emb_nuniq * C;
+#pragma omp parallel for schedule(static)
+        for (size_t k = 0; k < n; k++) dwte[k] = mf_bf16_to_f32(mf_f32_to_bf16(dwte[k]));
+    }
 }
 
 /* ---- norm: LayerNorm (weight, bias; keeps mean and rstd; Ba et al.

@@ -116,7 +116,7 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
             for (int64_t k = t->rows_file * t->shape[1]; k < t->numel; k++)
                 if (k >= lo && k < hi) put_w(m, t, p, k, 0.0f);
         mf_model_sync_params(m, a, i, 1);
-        if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * sizeof(float));
+        if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * (t->g16 ? 2 : sizeof(float)));
         if (m->mode == MF_MODE_TRAIN && !m->opt.offload_path[0]) mf_model_zero_state(m, a, t);  /* disk: the trainer */
     }
     mf_lora_init_weights(m, a, seed);
@@ -129,7 +129,8 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
 
 static void zero_g(mf_model *m, mf_arena *a, int first, int n) {
     for (int i = first; i < first + n; i++)
-        if (m->tensors[i].g >= 0) memset(mf_arena_get(a, m->tensors[i].g), 0, (size_t)m->tensors[i].numel * sizeof(float));
+        if (m->tensors[i].g >= 0)
+            memset(mf_arena_get(a, m->tensors[i].g), 0, (size_t)m->tensors[i].numel * (m->tensors[i].g16 ? 2 : sizeof(float)));
 }
 
 /* The step's gradient zeroing: every tensor's gradient (unless they are
@@ -270,8 +271,14 @@ static void emb_split_head(mf_model *m, mf_arena *a, int N) {
         if (map[tok] < 0) {
             map[tok] = U;
             uniq[U] = tok;
-            memcpy(rows + (size_t)U * C, g + (size_t)tok * C, (size_t)C * sizeof *rows);
-            memset(g + (size_t)tok * C, 0, (size_t)C * sizeof *g);
+            if (m->tensors[WTE].g16) {  /* grad_dtype bf16: widened (exact) */
+                mf_bf16 *g16 = (mf_bf16 *)g + (size_t)tok * C;
+                mf_f32_from_bf16(rows + (size_t)U * C, g16, (size_t)C);
+                memset(g16, 0, (size_t)C * sizeof *g16);
+            } else {
+                memcpy(rows + (size_t)U * C, g + (size_t)tok * C, (size_t)C * sizeof *rows);
+                memset(g + (size_t)tok * C, 0, (size_t)C * sizeof *g);
+            }
             U++;
         }
         slot[n] = map[tok];
@@ -339,11 +346,11 @@ static double head_loss(mf_model *m, mf_arena *a, int B, int T, int HW, int use_
             if (dt == MF_DTYPE_BF16 && dln) {
                 /* bf16: the loss kernel writes the rounded gradient itself */
                 sum += mf_crossentropy_forward_bf16(logits, dl16, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
-                mf_classifier16_backward(dt, dln + (size_t)r0 * C, dwte, NULL, dl16, x, wte, rows, C, Vp, gs, gb);
+                mf_classifier16_backward(dt, dln + (size_t)r0 * C, dwte, m->tensors[HW].g16, NULL, dl16, x, wte, rows, C, Vp, gs, gb);
                 continue;
             }
             sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
-            if (dln) mf_classifier16_backward(dt, dln + (size_t)r0 * C, dwte, logits, dl16, x, wte, rows, C, Vp, gs, gb);
+            if (dln) mf_classifier16_backward(dt, dln + (size_t)r0 * C, dwte, m->tensors[HW].g16, logits, dl16, x, wte, rows, C, Vp, gs, gb);
             continue;
         }
         const float *x = lnf + (size_t)r0 * C;

@@ -197,7 +197,10 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
             if (m->overlap && role != MF_ROLE_EMB && role != MF_ROLE_POS) g1++;
         }
         snprintf(nm, sizeof nm, "grad.%s", name);
-        t->g = add(ad, nm, gcat, MF_DTYPE_F32, ndim, d0, d1, 0, 0, g0, g1, layer);
+        /* grad_dtype bf16: the 16-bit weights' gradients (GEMM outputs
+         * rounded once, docs/precision.md); vectors and wpe stay fp32 */
+        t->g16 = m->opt.grad16 && h16 && !t->lora;
+        t->g = add(ad, nm, gcat, t->g16 ? MF_DTYPE_BF16 : MF_DTYPE_F32, ndim, d0, d1, 0, 0, g0, g1, layer);
         if (shard && m->opt.zero >= 2) {
             snprintf(nm, sizeof nm, "grad_shard.%s", name);
             t->gs = add(ad, nm, MF_CAT_GRADS, MF_DTYPE_F32, 1, t->hi - t->lo, 0, 0, 0, 0, last, layer);
@@ -291,9 +294,16 @@ static int gemm_shapes(const mf_dims *d, int N, int R, int train, gemm_shape_fn 
     return 0;
 }
 
-typedef struct { mf_dtype dt; size_t mx; } scratch_ctx;
+/* grad_dtype bf16: the weight-gradient GEMMs (the only ones with tA:
+ * dW += x^T dy, dwte += dlogits^T x) write bf16 rows */
+typedef struct { mf_dtype dt; size_t mx; int grad16; } scratch_ctx;
 static int scratch_max(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias) {
     scratch_ctx *c = ctx;
+    if (c->grad16 && tA) {
+        size_t s = mf_gemm_bf16_scratch_bytes(M, N, K, tA, tB, acc, 1, bias);
+        if (s == SIZE_MAX) { c->mx = SIZE_MAX; return -1; }
+        if (s > c->mx) c->mx = s;
+    }
     size_t s;
     if (c->dt == MF_DTYPE_F32) {
         /* fp32: forward GEMMs run with beta 0 (fused kernels) or 1 (bias
@@ -312,27 +322,34 @@ static int scratch_max(void *ctx, int M, int N, int K, int tA, int tB, int acc, 
  * mf_sgemm's matmul backend, 0 for the others); SIZE_MAX with mf_error set
  * if the library cannot run one. */
 size_t mf_model_gemm_scratch_need(const mf_model *m, int N) {
-    scratch_ctx c = {m->cdt, 0};
+    scratch_ctx c = {m->cdt, 0, m->mode == MF_MODE_TRAIN && m->opt.grad16};
     gemm_shapes(&m->d, N, m->chunk_rows, m->mode == MF_MODE_TRAIN, scratch_max, &c);
     return c.mx;
 }
 
 static int warm_one(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias) {
-    mf_dtype dt = *(const mf_dtype *)ctx;
-    size_t sb = mf_gemm16_scratch_bytes(dt, M, N, K, tA, tB, acc, bias);
+    const scratch_ctx *w = ctx;
+    mf_dtype dt = w->dt;
+    int c16 = w->grad16 && tA;  /* grad_dtype bf16: a weight gradient written in bf16 */
+    size_t sb = c16 ? mf_gemm_bf16_scratch_bytes(M, N, K, tA, tB, acc, 1, bias)
+                    : mf_gemm16_scratch_bytes(dt, M, N, K, tA, tB, acc, bias);
     if (sb == SIZE_MAX) return -1;
     void *a = calloc((size_t)M * K, 2), *b = calloc((size_t)K * N, 2), *s = calloc(sb ? sb : 1, 1);
     float *c = calloc((size_t)M * N, sizeof(float)), *bi = calloc((size_t)N, sizeof(float));
-    if (a && b && s && c && bi) mf_gemm16(dt, c, a, b, bias ? bi : NULL, M, N, K, tA, tB, acc, s, sb ? sb : 1);
+    if (a && b && s && c && bi) {
+        if (c16) mf_gemm_bf16_sized(c, a, b, NULL, M, N, K, tA, tB, acc, 1, s, sb ? sb : 1);
+        else mf_gemm16(dt, c, a, b, bias ? bi : NULL, M, N, K, tA, tB, acc, s, sb ? sb : 1);
+    }
     free(a); free(b); free(s); free(c); free(bi);
     return 0;
 }
 
-int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss_chunk, int train) {
+int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss_chunk, int train, int grad16) {
     if (dt == MF_DTYPE_F32) return 0;
     int64_t N = (int64_t)B * T, R = loss_chunk > 0 && loss_chunk < N ? loss_chunk : N;
     if (R < B) R = B;
-    return gemm_shapes(d, (int)N, (int)R, train, warm_one, &dt);
+    scratch_ctx w = {dt, 0, train && grad16};
+    return gemm_shapes(d, (int)N, (int)R, train, warm_one, &w);
 }
 
 /* Scratch bytes of the largest quantised-base GEMM on N rows: the block's
@@ -576,6 +593,12 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (m->cdt != MF_DTYPE_F32 && m->opt.zero >= 1 && m->opt.world > 1)
         return mf_fail("precision %s with zero %d: ZeRO sharding of 16-bit weights is not supported yet (use zero 0 "
                        "or precision fp32)", m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16", m->opt.zero);
+    if (mode == MF_MODE_TRAIN && m->opt.grad16 && m->opt.world > 1)
+        return mf_fail("grad_dtype bf16 with data parallel (mpirun, %d ranks) is not supported yet (MPI has no bf16 "
+                       "sum); train in one process or use grad_dtype fp32", m->opt.world);
+    if (mode == MF_MODE_TRAIN && m->opt.grad16 && d->share && d->share < d->L)
+        return mf_fail("grad_dtype bf16 with share_layers %d is not supported (a shared set's gradient would be "
+                       "rounded once per block); use grad_dtype fp32", d->share);
     if (d->n_experts > 0 && m->cdt != MF_DTYPE_F32)
         return mf_fail("precision %s: the mixture-of-experts kernels are fp32 only (use --precision fp32)",
                        m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16");
@@ -852,6 +875,16 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         m->emb_index = add(&ad, "work.emb_index", MF_CAT_WORK, MF_DTYPE_I32, 1, 2 * N, 0, 0, 0, hf, eb, -1);
         m->emb_map = add(&ad, "work.emb_map", MF_CAT_WORK, MF_DTYPE_I32, 1, d->Vp, 0, 0, 0, hf, hf, -1);
     }
+    m->emb_fold = !ad.err && train && !m->emb_split && m->opt.grad16 && m->tensors[m->t_emb].g16;
+    if (m->emb_fold) {
+        /* grad_dtype bf16: the embedding backward sums each distinct
+         * token's positions here in fp32, then adds each slot into the
+         * bf16 gradient once (blocks.c) */
+        int eb = mf_phase_emb_bwd(m);
+        m->emb_rows = add(&ad, "work.emb_rows", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, eb, eb, -1);
+        m->emb_index = add(&ad, "work.emb_index", MF_CAT_WORK, MF_DTYPE_I32, 1, 2 * N, 0, 0, 0, eb, eb, -1);
+        m->emb_map = add(&ad, "work.emb_map", MF_CAT_WORK, MF_DTYPE_I32, 1, d->Vp, 0, 0, 0, eb, eb, -1);
+    }
     if (bd->rope) {
         /* rotary cos/sin for the positions a forward can have (the run-time
          * guard allows fewer, longer sequences up to B x T tokens); kept
@@ -934,22 +967,26 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                             mf_phase_layer_bwd(m, L - 1), g1, -1);
             m->dlogits16 = add(&ad, "work.dlogits16", MF_CAT_WORK, m->cdt, 2, m->chunk_rows, d->Vp, 0, 0, hf, hf, -1);
         }
-        if (train && !m->opt.master) {
+        if (train && (!m->opt.master || m->opt.grad16)) {
             /* master_weights 0: each 16-bit tensor is widened here a slice
              * at a time (mf_optim_slice: 2^18 elements, adafactor whole
              * tensors), updated, and rounded back stochastically; under
              * update_in_backward the updates run from the head to the
-             * embedding's backward */
-            int64_t mx = 0;
+             * embedding's backward. pure_bf16: the slice's m and v are
+             * widened beside it; grad_dtype bf16: its gradient too (the
+             * last slot; with master weights the only one) */
+            int64_t sl = 0;
+            int base = (!m->opt.master) + (m->opt.grad16 ? 1 : 0), slots = base;
             for (int i = 0; i < m->n_tensors; i++) {
                 const mf_tensor *x = &m->tensors[i];
-                /* pure_bf16: the slice's m and v are widened beside it */
-                int64_t sl = mf_optim_slice(&m->opt, &x->os) * (mf_optim_half(&m->opt, &x->os) ? 3 : 1);
-                if (mf_tensor_is16(m, x) && !x->frozen && sl > mx) mx = sl;
+                int k = base + (mf_optim_half(&m->opt, &x->os) ? 2 : 0);
+                if (mf_tensor_is16(m, x) && !x->frozen && mf_optim_slice(&m->opt, &x->os) > sl) sl = mf_optim_slice(&m->opt, &x->os);
+                if (k > slots && mf_tensor_is16(m, x) && !x->frozen) slots = k;
             }
-            if (mx < 1) mx = 1;
+            if (sl < 1) sl = 1;
+            m->upd_slice = sl;
             int po = mf_phase_optim(m), p0 = m->opt.in_backward ? hf : po;
-            m->upd32 = add(&ad, "work.update_f32", MF_CAT_WORK, MF_DTYPE_F32, 1, mx, 0, 0, 0, p0, po, -1);
+            m->upd32 = add(&ad, "work.update_f32", MF_CAT_WORK, MF_DTYPE_F32, 1, sl * slots, 0, 0, 0, p0, po, -1);
         }
     }
     if (!ad.err) {

@@ -48,6 +48,20 @@ int mf_optim_init(mf_optim *o, const mf_config *cfg) {
         return mf_fail("pure_bf16 needs precision bf16, master_weights 0 and optimizer adamw (its moments become bf16); "
                        "got precision %s, master_weights %d, optimizer %s", cfg->precision, cfg->master_weights,
                        cfg->optimizer);
+    /* bf16 gradients (docs/precision.md): GEMM weight gradients rounded
+     * once per GEMM, widened to fp32 by the norm and the update */
+    if (strcmp(cfg->grad_dtype, "fp32") != 0 && strcmp(cfg->grad_dtype, "bf16") != 0)
+        return mf_fail("grad_dtype '%s' is not one of fp32, bf16", cfg->grad_dtype);
+    o->grad16 = strcmp(cfg->grad_dtype, "bf16") == 0;
+    if (o->grad16 && o->compute != MF_DTYPE_BF16)
+        return mf_fail("grad_dtype bf16 needs precision bf16 (the gradients of the bf16 weights' GEMMs); got precision %s",
+                       cfg->precision);
+    if (o->grad16 && o->kind == MF_OPTIM_ADAFACTOR)
+        return mf_fail("grad_dtype bf16 is not supported with adafactor (its row and column statistics need the whole "
+                       "gradient widened at once); use adamw, adamw8bit or sgd, or grad_dtype fp32");
+    if (o->grad16 && cfg->offload[0])
+        return mf_fail("grad_dtype bf16 cannot be combined with offload yet (the streamed update reads fp32 gradients); "
+                       "drop one");
     if (o->in_backward && cfg->grad_accum > 1)
         return mf_fail("update_in_backward needs grad_accum 1 (each update would see one micro-batch); "
                        "raise batch instead, or turn update_in_backward off");

@@ -14,7 +14,8 @@
  * one pseudo-key: it sets batch and grad_accum so that their product stays
  * the effective batch (gradients identical to the big batch); "precision"
  * values are fp32, bf16, bf16:nomaster (bf16 with master_weights 0) and
- * bf16:pure (that and pure_bf16: bf16 AdamW moments);
+ * bf16:pure (that and pure_bf16: bf16 AdamW moments), each bf16 one also
+ * with ":g16" (grad_dtype bf16: bf16 gradients of the 16-bit weights);
  * "lora" values are "" (full fine-tuning) or "BASE_DTYPE|LORA_SPEC". */
 #define MAX_VALS 24
 #define N_AXES 8
@@ -92,17 +93,28 @@ static int build_axes(axis *ax, const mf_config *cfg, int eff, int allow_lossy, 
      * bf16 here, so it is only kept when asked for */
     ax[5].key = "precision";
     if (mf_config_was_set(cfg, "precision") || mf_config_was_set(cfg, "master_weights") ||
-        mf_config_was_set(cfg, "pure_bf16")) {
+        mf_config_was_set(cfg, "pure_bf16") || mf_config_was_set(cfg, "grad_dtype")) {
         int b16 = strcmp(cfg->precision, "bf16") == 0;
-        snprintf(v, sizeof v, "%s%s", cfg->precision,
-                 b16 && cfg->pure_bf16 ? ":pure" : b16 && !cfg->master_weights ? ":nomaster" : "");
+        /* bf16 gradients are offered on a given bf16 setting unless
+         * grad_dtype was given too (they change the maths: lossy) */
+        int g16 = b16 && strcmp(cfg->grad_dtype, "bf16") == 0, offer = b16 && allow_lossy && !g16 &&
+                                                                     !mf_config_was_set(cfg, "grad_dtype");
+        const char *mw = b16 && cfg->pure_bf16 ? ":pure" : b16 && !cfg->master_weights ? ":nomaster" : "";
+        snprintf(v, sizeof v, "%s%s%s", cfg->precision, mw, g16 ? ":g16" : "");
         axis_add(&ax[5], v, 0);
+        if (offer) {
+            snprintf(v, sizeof v, "%s%s:g16", cfg->precision, mw);
+            axis_add(&ax[5], v, 1);
+        }
     } else {
         axis_add(&ax[5], cfg->precision, 0);
         if (allow_lossy && strcmp(cfg->precision, "fp32") == 0) {
             axis_add(&ax[5], "bf16", 1);
             axis_add(&ax[5], "bf16:nomaster", 1);
             axis_add(&ax[5], "bf16:pure", 1);  /* AdamW only: the optimizer refuses the others */
+            axis_add(&ax[5], "bf16:g16", 1);   /* the same with bf16 gradients (not adafactor: refused) */
+            axis_add(&ax[5], "bf16:nomaster:g16", 1);
+            axis_add(&ax[5], "bf16:pure:g16", 1);
         }
     }
     /* LoRA (docs/lora.md) trains adapters on a frozen base instead of the
@@ -151,6 +163,7 @@ static int axis_set(mf_config *c, const axis *a, int i, int eff) {
         snprintf(p, sizeof p, "%.*s", (int)strcspn(a->val[i], ":"), a->val[i]);
         c->master_weights = !nomaster;
         c->pure_bf16 = pure;
+        snprintf(c->grad_dtype, sizeof c->grad_dtype, "%s", strstr(a->val[i], ":g16") ? "bf16" : "fp32");
         return mf_config_set(c, "precision", p);
     }
     if (strcmp(a->key, "lora") == 0) {
@@ -228,6 +241,7 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
             snprintf(ch.precision, sizeof ch.precision, "%s", c.precision);
             ch.master = m.opt.master;
             ch.pure = m.opt.half_state;
+            ch.grad16 = m.opt.grad16;
             snprintf(ch.lora, sizeof ch.lora, "%s", c.lora);
             snprintf(ch.base_dtype, sizeof ch.base_dtype, "%s", c.lora[0] ? c.base_dtype : "");
             snprintf(ch.teacher_dtype, sizeof ch.teacher_dtype, "%s", c.teacher[0] ? c.teacher_dtype : "");
@@ -271,6 +285,7 @@ int mf_planner_search(const mf_config *cfg, int eff_batch, int allow_lossy, size
         if (strcmp(x->recompute, cfg->recompute) == 0 && x->batch == cfg->batch && x->grad_accum == req_accum &&
             strcmp(x->optimizer, cfg->optimizer) == 0 && x->update_in_backward == cfg->update_in_backward &&
             strcmp(x->precision, cfg->precision) == 0 && (strcmp(x->precision, "fp32") == 0 || x->master == cfg->master_weights) && x->pure == cfg->pure_bf16 &&
+            x->grad16 == (strcmp(cfg->grad_dtype, "bf16") == 0) &&
             x->offload == (cfg->offload[0] != 0) && strcmp(x->lora, cfg->lora) == 0 &&
             (!cfg->lora[0] || strcmp(x->base_dtype, cfg->base_dtype) == 0) &&
             (!cfg->teacher[0] || strcmp(x->teacher_dtype, cfg->teacher_dtype) == 0))
@@ -325,6 +340,7 @@ int mf_planner_apply(const mf_planner_choice *c, const char *offload_path, mf_co
         return -1;
     if (strcmp(cfg->precision, "fp32") != 0) cfg->master_weights = c->master;
     cfg->pure_bf16 = c->pure;
+    snprintf(cfg->grad_dtype, sizeof cfg->grad_dtype, "%s", c->grad16 ? "bf16" : "fp32");
     if (mf_config_set(cfg, "lora", c->lora) || (c->lora[0] && mf_config_set(cfg, "base_dtype", c->base_dtype))) return -1;
     if (c->teacher_dtype[0] && mf_config_set(cfg, "teacher_dtype", c->teacher_dtype)) return -1;
     if (c->offload && !cfg->offload[0]) {
@@ -340,7 +356,8 @@ char *mf_planner_describe(const mf_planner_choice *c, char *buf, size_t n) {
     else snprintf(rc, sizeof rc, "%s", c->recompute);
     char pr[32] = "";
     if (c->precision[0] && strcmp(c->precision, "fp32") != 0)
-        snprintf(pr, sizeof pr, ", %s%s", c->precision, c->pure ? " pure" : c->master ? "" : " no master");
+        snprintf(pr, sizeof pr, ", %s%s%s", c->precision, c->pure ? " pure" : c->master ? "" : " no master",
+                 c->grad16 ? " bf16 grads" : "");
     char lo[48] = "";
     if (c->lora[0]) {
         const char *r = strstr(c->lora, "r=");
@@ -443,13 +460,13 @@ void mf_planner_print_json(FILE *f, const mf_planner_result *r) {
     for (int i = 0; i < r->n; i++) {
         const mf_planner_choice *c = &r->c[i];
         fprintf(f, "%s\n{\"index\":%d,\"recompute\":\"%s\",\"auto_blocks\":%d,\"batch\":%d,\"grad_accum\":%d,"
-                   "\"optimizer\":\"%s\",\"precision\":\"%s\",\"master_weights\":%d,\"pure_bf16\":%d,\"update_in_backward\":%d,\"offload\":%d,\"lossy\":%d,"
+                   "\"optimizer\":\"%s\",\"precision\":\"%s\",\"master_weights\":%d,\"pure_bf16\":%d,\"grad_dtype\":\"%s\",\"update_in_backward\":%d,\"offload\":%d,\"lossy\":%d,"
                    "\"lora\":\"%s\",\"base_dtype\":\"%s\",\"trainable_params\":%.0f,"
                    "\"arena_bytes\":%zu,\"disk_bytes\":%zu,\"process_bytes\":%zu,\"need_bytes\":%zu,\"gemm_flops\":%.0f,"
                    "\"attn_flops\":%.0f,\"elem_bytes\":%.0f,\"io_bytes\":%.0f,\"pred_step_s\":%.6f,\"comm_bytes\":%.0f,\"comm_s\":%.6f,"
                    "\"fits\":%s,\"frontier\":%s,\"chosen\":%s}",
                 i ? "," : "", i, c->recompute, c->auto_k, c->batch, c->grad_accum, c->optimizer, c->precision, c->master,
-                c->pure, c->update_in_backward,
+                c->pure, c->grad16 ? "bf16" : "fp32", c->update_in_backward,
                 c->offload, c->lossy, c->lora, c->base_dtype, c->optim_params, c->arena_bytes, c->disk_bytes, c->process, c->need, c->gemm_flops, c->attn_flops,
                 c->elem_bytes, c->io_bytes, c->pred_s, c->comm_bytes, c->comm_s, c->fits ? "true" : "false", c->frontier ? "true" : "false",
                 c->chosen ? "true" : "false");

@@ -111,7 +111,7 @@ static int chunk_fn(void *ctx, int k, void *buf, size_t len) {
     }
     if (x->mw < 0 && mf_tensor_is16(&t->model, x)) {  /* master_weights 0: bf16 weights, sliced update */
         mf_trainer_update16(t, c->tensor, st, c->e0, c->n, (const float *)mf_arena_get(&t->arena, x->g) + c->e0,
-                            s->gscale);
+                            0, s->gscale);
         return 0;
     }
     float *p = (float *)mf_arena_get(&t->arena, mf_tensor_weights_row(x)) + c->e0;

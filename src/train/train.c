@@ -410,7 +410,8 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
         /* the planner may choose bf16 under --allow lossy: its GEMM library
          * is then in the baseline either way */
         mf_dtype wd = search && strcmp(cfg->allow, "lossy") == 0 && o.compute == MF_DTYPE_F32 ? MF_DTYPE_BF16 : o.compute;
-        mf_model_gemm16_warmup(&t->d, wd, t->B, t->T, cfg->loss_chunk, 1);
+        int lossy = search && strcmp(cfg->allow, "lossy") == 0;
+        mf_model_gemm16_warmup(&t->d, wd, t->B, t->T, cfg->loss_chunk, 1, o.grad16 || lossy);
     }
     mf_ledger_init(&t->ledger);
     t->ledger.rss_baseline = mf_rss_current();
@@ -462,8 +463,8 @@ void mf_trainer_free(mf_trainer *t) {
     memset(t, 0, sizeof *t);
 }
 
-void mf_trainer_update16(mf_trainer *t, int i, void *const st[MF_OPTIM_STATES], int64_t e0, int64_t n, const float *g,
-                         float gscale) {
+void mf_trainer_update16(mf_trainer *t, int i, void *const st[MF_OPTIM_STATES], int64_t e0, int64_t n, const void *g,
+                         int g16, float gscale) {
     mf_model *m = &t->model;
     mf_arena *a = &t->arena;
     const mf_tensor *x = &m->tensors[i];
@@ -479,12 +480,15 @@ void mf_trainer_update16(mf_trainer *t, int i, void *const st[MF_OPTIM_STATES], 
     float wd = x->decay ? (float)t->cfg.weight_decay : 0.0f;
     int64_t S = mf_optim_slice(o, &x->os);
     int half = mf_optim_half(o, &x->os);
+    float *g32 = w32 + (half ? 3 : 1) * S;  /* grad_dtype bf16: the gradient's slot (plan.c) */
     for (int64_t off = 0; off < n; off += S) {
         int64_t len = n - off < S ? n - off : S;
         void *sst[MF_OPTIM_STATES];
         if (o->kind == MF_OPTIM_ADAFACTOR) memcpy(sst, st, sizeof sst);
         else mf_optim_state_at(o, &x->os, st, off, sst);
         mf_f32_from_bf16(w32, w16 + off, (size_t)len);
+        const float *gs = (const float *)g + off;
+        if (g16) mf_f32_from_bf16(g32, (const mf_bf16 *)g + off, (size_t)len), gs = g32;
         if (half) {
             /* pure_bf16: m and v widened beside the weights, rounded back
              * stochastically from streams of their own */
@@ -492,13 +496,50 @@ void mf_trainer_update16(mf_trainer *t, int i, void *const st[MF_OPTIM_STATES], 
             sst[0] = w32 + S, sst[1] = w32 + 2 * S;
             mf_f32_from_bf16(sst[0], m16, (size_t)len);
             mf_f32_from_bf16(sst[1], v16, (size_t)len);
-            mf_optim_update_range(o, sst, w32, g + off, &x->os, len, (float)t->lr, wd, t->step + 1, gscale);
+            mf_optim_update_range(o, sst, w32, gs, &x->os, len, (float)t->lr, wd, t->step + 1, gscale);
             mf_bf16_from_f32_sr(m16, sst[0], (size_t)len, seed ^ 0x6D6D6D6D00000000ull, (uint64_t)(e0 + off));
             mf_bf16_from_f32_sr(v16, sst[1], (size_t)len, seed ^ 0x7676767600000000ull, (uint64_t)(e0 + off));
         } else
-            mf_optim_update_range(o, sst, w32, g + off, &x->os, len, (float)t->lr, wd, t->step + 1, gscale);
+            mf_optim_update_range(o, sst, w32, gs, &x->os, len, (float)t->lr, wd, t->step + 1, gscale);
         mf_bf16_from_f32_sr(w16 + off, w32, (size_t)len, seed, (uint64_t)(e0 + off));
     }
+}
+
+/* grad_dtype bf16 with fp32 master weights: elements [e0, e0+n) of tensor
+ * i (st[] at element e0's state) a slice at a time, each slice of the bf16
+ * gradient widened (exact) into work.update_f32, the fp32 master updated
+ * and rounded to nearest-even into the compute copy, as the whole-tensor
+ * update does. */
+static void update_master16(mf_trainer *t, int i, void *const st[MF_OPTIM_STATES], int64_t e0, int64_t n,
+                            const mf_bf16 *g, float gscale) {
+    mf_model *m = &t->model;
+    mf_arena *a = &t->arena;
+    const mf_tensor *x = &m->tensors[i];
+    const mf_optim *o = &m->opt;
+    float *g32 = mf_arena_get(a, m->upd32), *p = (float *)mf_arena_get(a, x->mw) + e0;
+    uint16_t *p16 = (uint16_t *)mf_arena_get(a, x->p) + e0;
+    float wd = x->decay ? (float)t->cfg.weight_decay : 0.0f;
+    int64_t S = mf_optim_slice(o, &x->os);
+    for (int64_t off = 0; off < n; off += S) {
+        int64_t len = n - off < S ? n - off : S;
+        void *sst[MF_OPTIM_STATES];
+        mf_optim_state_at(o, &x->os, st, off, sst);
+        mf_f32_from_bf16(g32, g + off, (size_t)len);
+        mf_optim_update_range(o, sst, p + off, g32, &x->os, len, (float)t->lr, wd, t->step + 1, gscale);
+        mf_half_from_f32(m->cdt, p16 + off, p + off, (size_t)len);
+    }
+}
+
+/* Sum of squares of a gradient row of n elements (bf16 widened), in double. */
+static double grad_row_sumsq(const void *g, int g16, size_t n) {
+    if (!g16) return mf_sumsq(g, n);
+    const mf_bf16 *h = g;
+    double s = 0;
+    for (size_t k = 0; k < n; k++) {
+        double v = mf_bf16_to_f32(h[k]);
+        s += v * v;
+    }
+    return s;
 }
 
 /* Updates tensors [first, first+n) from their gradients (times gscale). */
@@ -516,7 +557,11 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
          * into the compute copy */
         const float *g = x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo;
         if (x->mw < 0 && mf_tensor_is16(m, x)) {
-            mf_trainer_update16(t, i, st, 0, x->numel, g, gscale);
+            mf_trainer_update16(t, i, st, 0, x->numel, g, x->g16, gscale);
+            continue;
+        }
+        if (x->g16) {  /* grad_dtype bf16 (no ZeRO shard: refused by the plan) */
+            update_master16(t, i, st, 0, x->numel, (const mf_bf16 *)g, gscale);
             continue;
         }
         float *p = x->ps >= 0 ? (float *)mf_arena_get(a, x->ps) : (float *)mf_arena_get(a, mf_tensor_weights_row(x)) + x->lo;
@@ -536,7 +581,7 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
  * their gradient g, as update_tensors would update them within the whole
  * tensor: element-wise optimizers, 8-bit blocks of whole rows, the same
  * rounding bits (model.h, emb_split). */
-static void update_rows(mf_trainer *t, int i, int64_t r0, int64_t nr, const float *g) {
+static void update_rows(mf_trainer *t, int i, int64_t r0, int64_t nr, const void *g, int g16) {
     mf_model *m = &t->model;
     mf_arena *a = &t->arena;
     mf_tensor *x = &m->tensors[i];
@@ -545,7 +590,11 @@ static void update_rows(mf_trainer *t, int i, int64_t r0, int64_t nr, const floa
     for (int k = 0; k < MF_OPTIM_STATES; k++) st[k] = x->st[k] >= 0 ? mf_arena_get(a, x->st[k]) : NULL;
     mf_optim_state_at(&m->opt, &x->os, st, e0, sst);
     if (x->mw < 0 && mf_tensor_is16(m, x)) {
-        mf_trainer_update16(t, i, sst, e0, n, g, 1.0f);
+        mf_trainer_update16(t, i, sst, e0, n, g, g16, 1.0f);
+        return;
+    }
+    if (g16) {
+        update_master16(t, i, sst, e0, n, g, 1.0f);
         return;
     }
     float *p = (float *)mf_arena_get(a, mf_tensor_weights_row(x)) + e0;
@@ -564,15 +613,16 @@ static double update_emb_split(mf_trainer *t) {
     const mf_tensor *x = &m->tensors[m->t_emb];
     int64_t V = x->shape[0], C = x->shape[1];
     if (m->emb_stage == 1) {
-        const float *g = mf_arena_get(a, x->g);
+        const void *g = mf_arena_get(a, x->g);
         const int32_t *map = mf_arena_get(a, m->emb_map);
-        double ss = mf_sumsq(g, (size_t)x->numel);
+        size_t es = x->g16 ? 2 : sizeof(float);
+        double ss = grad_row_sumsq(g, x->g16, (size_t)x->numel);
         if (!isfinite(ss)) return ss;
         for (int64_t r = 0; r < V;) {
             if (map[r] >= 0) { r++; continue; }
             int64_t r1 = r;
             while (r1 < V && map[r1] < 0) r1++;
-            update_rows(t, m->t_emb, r, r1 - r, g + r * C);
+            update_rows(t, m->t_emb, r, r1 - r, (const char *)g + (size_t)(r * C) * es, x->g16);
             r = r1;
         }
         return ss;
@@ -581,14 +631,16 @@ static double update_emb_split(mf_trainer *t) {
     const int32_t *uniq = (const int32_t *)mf_arena_get(a, m->emb_index) + (int64_t)m->B * m->T;
     double ss = mf_sumsq(rows, (size_t)m->emb_nuniq * (size_t)C);
     if (!isfinite(ss)) return ss;
-    for (int s = 0; s < m->emb_nuniq; s++) update_rows(t, m->t_emb, uniq[s], 1, rows + (int64_t)s * C);
+    for (int s = 0; s < m->emb_nuniq; s++) update_rows(t, m->t_emb, uniq[s], 1, rows + (int64_t)s * C, 0);
     return ss;
 }
 
 static double grad_sumsq(mf_trainer *t, int first, int n) {
     double ss = 0;
     for (int i = first; i < first + n; i++)
-        if (!t->model.tensors[i].frozen) ss += mf_sumsq(mf_arena_get(&t->arena, t->model.tensors[i].g), (size_t)t->model.tensors[i].numel);
+        if (!t->model.tensors[i].frozen)
+            ss += grad_row_sumsq(mf_arena_get(&t->arena, t->model.tensors[i].g), t->model.tensors[i].g16,
+                                 (size_t)t->model.tensors[i].numel);
     return ss;
 }
 
