@@ -74,8 +74,10 @@ kill -INT $pb; wait $pb; rc=$?
 check "SIGINT: exit 0, no checkpoint without --out_dir" "[ $rc -eq 0 ] && grep -q '^stopped by SIGINT after step [0-9]*; no --out_dir' '$W/b.txt'"
 
 # ---- a second signal stops at once -----------------------------------------
-# a slower step (seq 128, batch 32: about a second) so both signals land in the same step
-"$M" train --model gpt2-1m --seq 128 --batch 32 --data "$W/c.tok" --progress 0 --val_every 0 --sample_tokens 0 \
+# a slower step (seq 128, batch 128: a second or more) so both signals land in
+# the same step (with batch 32 a fast machine finished the step, wrote the
+# checkpoint and exited before the second signal came, 0.2 s later)
+"$M" train --model gpt2-1m --seq 128 --batch 128 --data "$W/c.tok" --progress 0 --val_every 0 --sample_tokens 0 \
   --threads 1 --steps 100000 --out_dir "$W/c" --metrics "$W/c.jsonl" > "$W/c.txt" 2>&1 &
 pc=$!; pids+=($pc)
 wait_lines "$W/c.jsonl" 1 || echo "FAIL the slow run did not start: $(cat "$W/c.txt")"

@@ -151,8 +151,10 @@ void mf_model_zero_grads(mf_model *m, mf_arena *a) {
             for (int s = 0; s < 2; s++) {
                 int id = s ? t->gs : all ? t->g : -1;
                 if (id < 0) continue;
+                /* a bf16 gradient row (grad_dtype bf16: g16) has 2-byte elements; shards are fp32 */
                 size_t n = s ? (size_t)(t->hi - t->lo) : (size_t)t->numel, lo = n * th / nt, hi = n * (th + 1) / nt;
-                if (hi > lo) memset((float *)mf_arena_ptr(a, id) + lo, 0, (hi - lo) * sizeof(float));
+                size_t es = !s && t->g16 ? 2 : sizeof(float);
+                if (hi > lo) memset((char *)mf_arena_ptr(a, id) + lo * es, 0, (hi - lo) * es);
             }
         }
     }
