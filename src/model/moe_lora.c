@@ -37,10 +37,26 @@ static void adapter_of(mf_moe_expert_ctx *c, int e, int p, int *in, int *out, fl
     mf_model *m = c->m;
     int i = c->lora[p], r = m->lora.r;
     mf_model_lora_dims(&m->d, moe_targets[p], in, out);
-    *A = (float *)mf_arena_get(c->a, m->tensors[i].p) + (size_t)e * r * *in;
-    *B = (float *)mf_arena_get(c->a, m->tensors[i + 1].p) + (size_t)e * *out * r;
-    if (dA) *dA = (float *)mf_arena_get(c->a, m->tensors[i].g) + (size_t)e * r * *in;
-    if (dB) *dB = (float *)mf_arena_get(c->a, m->tensors[i + 1].g) + (size_t)e * *out * r;
+    /* the hooks run on several threads at once (one expert each), and
+     * mf_arena_get's first touch of a row adds it to the ledger: one
+     * thread at a time, or two threads count the same row twice (seen:
+     * ledger 3072 bytes over the plan, now and then, under recompute
+     * selective) */
+#pragma omp critical(mf_moe_lora_arena)
+    {
+        *A = (float *)mf_arena_get(c->a, m->tensors[i].p) + (size_t)e * r * *in;
+        *B = (float *)mf_arena_get(c->a, m->tensors[i + 1].p) + (size_t)e * *out * r;
+        if (dA) *dA = (float *)mf_arena_get(c->a, m->tensors[i].g) + (size_t)e * r * *in;
+        if (dB) *dB = (float *)mf_arena_get(c->a, m->tensors[i + 1].g) + (size_t)e * *out * r;
+    }
+}
+
+/* row id of the arena, for a hook (see adapter_of) */
+static float *hook_row(mf_moe_expert_ctx *c, int id) {
+    float *x;
+#pragma omp critical(mf_moe_lora_arena)
+    x = mf_arena_get(c->a, id);
+    return x;
 }
 
 static void expert_lora_fwd(void *ctx, int e, int p, const float *x, float *y, int n, int r0) {
@@ -49,7 +65,7 @@ static void expert_lora_fwd(void *ctx, int e, int p, const float *x, float *y, i
     int in, out, r = c->m->lora.r;
     float *A, *B;
     adapter_of(c, e, p, &in, &out, &A, &B, NULL, NULL);
-    float *u = (float *)mf_arena_get(c->a, c->m->moe_lora_u) + (size_t)r0 * r;
+    float *u = hook_row(c, c->m->moe_lora_u) + (size_t)r0 * r;
     mf_lora_forward(y, u, NULL, x, A, B, n, in, out, r, mf_lora_scale(&c->m->lora), 0.0f, 0);
 }
 
@@ -59,8 +75,8 @@ static void expert_lora_bwd(void *ctx, int e, int p, const float *dy, const floa
     int in, out, r = c->m->lora.r;
     float *A, *B, *dA, *dB;
     adapter_of(c, e, p, &in, &out, &A, &B, &dA, &dB);
-    float *u = (float *)mf_arena_get(c->a, c->m->moe_lora_u) + (size_t)r0 * r;
-    float *du = (float *)mf_arena_get(c->a, c->m->moe_lora_du) + (size_t)r0 * r;
+    float *u = hook_row(c, c->m->moe_lora_u) + (size_t)r0 * r;
+    float *du = hook_row(c, c->m->moe_lora_du) + (size_t)r0 * r;
     mf_lora_backward_params(du, dA, dB, u, NULL, dy, x, A, B, n, in, out, r, mf_lora_scale(&c->m->lora), 0.0f, 0);
     mf_lora_backward_input(dx, NULL, du, A, n, in, r, 0.0f, 0);
 }
