@@ -11,6 +11,8 @@
  *    kernels give the fp32 kernel's result rounded by mf_f32_to_bf16;
  *  - the Llama family's kernels (RMSNorm, RoPE, SwiGLU and their 16-bit
  *    forms) the same way (see llama());
+ *  - the AVX-512 FlashAttention against flash_attention.c's tile loops, with
+ *    grouped-query heads, windows and packed documents (see flash());
  *  - the table in use is the one MEMFIT_ISA asks for (auto/unset: avx512
  *    where the CPU has it); ctest runs this test a second time with
  *    MEMFIT_ISA=portable.
@@ -24,6 +26,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -317,6 +320,82 @@ static void llama(const mf_kernel_isa *k0, const mf_kernel_isa *k1) {
     free(s0), free(s1), free(dg0), free(du0), free(dg1), free(du1), free(h0), free(h1), free(q0), free(q1);
 }
 
+/* FlashAttention: the avx512 table's kernel (fa_avx512.c, its own AVX-512
+ * tile products and a transposed softmax) against flash_attention.c's tile
+ * loops (cblas tiles; what the portable table runs). Different summation
+ * orders, so within round-off: out and dqkv 2e-6 of the tensor's largest
+ * magnitude, lse 1e-6 relative. Shapes: MHA and grouped-query heads, T below a tile and not a
+ * multiple of 64, hs 16/64/80/128 (80: a partial vector block), a sliding
+ * window shorter than T and packed documents. The masks are checked to be
+ * exact on their own: a key a row must not see is poisoned with a huge value
+ * in the forward's input and must change nothing. */
+/* max |a - b| over max |a|: round-off of sums whose order differs */
+static double normerr(const float *a, const float *b, size_t n) {
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - (double)b[i]));
+        m = fmax(m, fabs((double)a[i]));
+    }
+    return m > 0 ? d / m : d;
+}
+
+static void flash_one(int B, int T, int NH, int NKV, int hs, int window, int docs) {
+    const int QKV = (NH + 2 * NKV) * hs, C = NH * hs;
+    const size_t nq = (size_t)B * T * QKV, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = fnormal(nq, 1), *dout = fnormal(no, 1);
+    float *o0 = falloc(no), *o1 = falloc(no), *l0 = falloc(nl), *l1 = falloc(nl);
+    float *g0 = falloc(nq), *g1 = falloc(nq);
+    const size_t ns = mf_flash_attention_scratch_floats(T, hs, omp_get_max_threads());
+    float *s0 = falloc(ns), *s1 = falloc(ns);
+    int32_t *pos = NULL;
+    if (docs) { /* documents of lengths 1, 5, 17, 40, ... restarting positions */
+        pos = malloc((size_t)B * T * sizeof *pos);
+        if (!pos) abort();
+        static const int len[] = {1, 5, 17, 40, 70, 3, 90};
+        for (int b = 0; b < B; b++)
+            for (int t = 0, d = b % 7, p = 0; t < T; t++) {
+                if (p == len[d]) { p = 0; d = (d + 1) % 7; }
+                pos[(size_t)b * T + t] = p++;
+            }
+    }
+    const int win = window > 0 && window < T ? window : 0;
+    mf_flash_forward_tiles(o0, l0, qkv, B, T, NH, NKV, hs, win, pos);
+    mf_flash_forward_avx512(o1, l1, qkv, B, T, NH, NKV, hs, win, pos);
+    mf_flash_backward_tiles(g0, s0, dout, o0, qkv, l0, B, T, NH, NKV, hs, win, pos);
+    mf_flash_backward_avx512(g1, s1, dout, o0, qkv, l0, B, T, NH, NKV, hs, win, pos);
+    const double eo = normerr(o0, o1, no), el = maxrel(l0, l1, nl, 1.0), eg = normerr(g0, g1, nq);
+    CHECK(eo <= 2e-6 && el <= 1e-6 && eg <= 2e-6,
+          "flash avx512 vs tiles B%d T%d NH%d NKV%d hs%d window %d docs %d: out %.3g lse %.3g dqkv %.3g", B, T, NH,
+          NKV, hs, win, docs, eo, el, eg);
+    /* the last query row of batch 0, head 0 sees keys in [lo, T-1]: poison
+     * every key before lo and the forward's output there must not move */
+    const int last = T - 1;
+    int lo = win ? last - win + 1 : 0;
+    if (pos) lo = lo > last - pos[last] ? lo : last - pos[last];
+    if (lo > 0) {
+        for (int j = 0; j < lo; j++)
+            for (int kv = 0; kv < NKV; kv++) qkv[(size_t)j * QKV + (size_t)(NH + kv) * hs] = 1e4f;
+        mf_flash_forward_avx512(o0, l0, qkv, B, T, NH, NKV, hs, win, pos);
+        CHECK(memcmp(o0 + (size_t)last * C, o1 + (size_t)last * C, (size_t)hs * sizeof(float)) == 0,
+              "flash avx512 B%d T%d window %d docs %d: a masked key changed row %d", B, T, win, docs, last);
+    }
+    free(qkv); free(dout); free(o0); free(o1); free(l0); free(l1); free(g0); free(g1); free(s0); free(s1);
+    free(pos);
+}
+
+static void flash(void) {
+    flash_one(2, 7, 3, 3, 16, 0, 0);
+    flash_one(2, 65, 4, 2, 64, 0, 0);
+    flash_one(1, 200, 9, 3, 64, 0, 0);
+    flash_one(2, 256, 9, 3, 64, 0, 0);
+    flash_one(1, 257, 4, 1, 128, 0, 0);
+    flash_one(1, 130, 4, 2, 80, 0, 0);
+    flash_one(1, 200, 4, 2, 64, 50, 0);
+    flash_one(1, 300, 4, 4, 64, 64, 0);
+    flash_one(3, 190, 6, 2, 64, 0, 1);
+    flash_one(2, 150, 4, 2, 32, 33, 1);
+}
+
 int main(void) {
     mf_rng_seed(&rng, 7);
     const char *env = getenv("MEMFIT_ISA");
@@ -341,6 +420,7 @@ int main(void) {
     llama(&mf_kernels_portable, NULL);
 #ifdef MF_HAVE_AVX512_TABLE
     if (ok512) llama(&mf_kernels_avx512, NULL), llama(&mf_kernels_portable, &mf_kernels_avx512);
+    if (ok512) flash();
 #endif
     return mf_test_done("test_kernels_isa_agree");
 }

@@ -35,8 +35,16 @@
  * Build with -DMF_FLASH_NO_BLAS for plain vectorisable loops instead (the
  * same arithmetic; measured 2.4-3.6x slower on a 2-core EPYC, see
  * bench/attention_bench.c).
+ *
+ * On a CPU with AVX-512 the dispatch table (isa.h) runs fa_avx512.c instead,
+ * for head sizes up to MF_FA512_MAX_HS: the same tasks and masks with
+ * register-blocked AVX-512 tile products and a transposed softmax, which
+ * agrees with these loops to round-off (tests/test_kernels_isa_agree.c) and
+ * ran smollm2-135m's attention (B4 T256, 9 query / 3 KV heads) 1.8x faster
+ * on a 2-core Zen 5. These loops are what MEMFIT_ISA=portable runs.
  */
 #include "memfit/kernels.h"
+#include "isa.h"
 #include "vmath.h"
 
 #include <math.h>
@@ -244,6 +252,15 @@ void mf_flash_attention_doc_forward(float *out, float *lse, const float *qkv, in
     if (B <= 0 || T <= 0 || NH <= 0) return;
     check_heads("mf_flash_attention_gqa_forward", NH, NKV, hs);
     window = norm_window(window, T);
+    const mf_kernel_isa *isa = mf_kernels_isa_get();
+    if (isa->flash_forward && hs <= MF_FA512_MAX_HS)
+        isa->flash_forward(out, lse, qkv, B, T, NH, NKV, hs, window, pos);
+    else
+        mf_flash_forward_tiles(out, lse, qkv, B, T, NH, NKV, hs, window, pos);
+}
+
+void mf_flash_forward_tiles(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int hs,
+                            int window, const int32_t *pos) {
     const int nqt = (T + MF_FA_BQ - 1) / MF_FA_BQ;
     const int ntask = B * NH * nqt;
     /* tasks ordered longest first (the last query tile of each head visits
@@ -307,6 +324,16 @@ void mf_flash_attention_doc_backward(float *dqkv, float *scratch, const float *d
     if (B <= 0 || T <= 0 || NH <= 0) return;
     check_heads("mf_flash_attention_gqa_backward", NH, NKV, hs);
     window = norm_window(window, T);
+    const mf_kernel_isa *isa = mf_kernels_isa_get();
+    if (isa->flash_backward && hs <= MF_FA512_MAX_HS)
+        isa->flash_backward(dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV, hs, window, pos);
+    else
+        mf_flash_backward_tiles(dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV, hs, window, pos);
+}
+
+void mf_flash_backward_tiles(float *dqkv, float *scratch, const float *dout, const float *out, const float *qkv,
+                             const float *lse, int B, int T, int NH, int NKV, int hs, int window,
+                             const int32_t *pos) {
     const int QKV = (NH + 2 * NKV) * hs, C = NH * hs, G = NH / NKV;
     const float scale = 1.0f / sqrtf((float)hs);
     const int tq = imin(MF_FA_BQ, T), tk = imin(MF_FA_BK, T);

@@ -78,7 +78,32 @@ typedef struct {
     void (*rmsnorm_forward16)(void *out, mf_dtype dt, float *rstd, const float *inp, const float *w, int N, int C,
                               float eps);
     void (*swiglu_forward16)(void *out, mf_dtype dt, const float *gate, const float *up, size_t n);
+    /* FlashAttention with flash_attention.c's contract (grouped-query heads,
+     * window already normalised, documents via pos); NULL: flash_attention.c's
+     * own tile loops. Called for hs <= MF_FA512_MAX_HS only (fa_avx512.c). */
+    void (*flash_forward)(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int hs,
+                          int window, const int32_t *pos);
+    void (*flash_backward)(float *dqkv, float *scratch, const float *dout, const float *out, const float *qkv,
+                           const float *lse, int B, int T, int NH, int NKV, int hs, int window, const int32_t *pos);
 } mf_kernel_isa;
+
+/* head size the AVX-512 FlashAttention keeps its transposed tiles for on the
+ * stack (2 x hs x 64 floats per task); larger heads take the portable path */
+#define MF_FA512_MAX_HS 128
+/* flash_attention.c's own tile loops (cblas tiles), what the portable table
+ * runs; the arguments already checked and the window normalised */
+void mf_flash_forward_tiles(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int hs,
+                            int window, const int32_t *pos);
+void mf_flash_backward_tiles(float *dqkv, float *scratch, const float *dout, const float *out, const float *qkv,
+                             const float *lse, int B, int T, int NH, int NKV, int hs, int window,
+                             const int32_t *pos);
+#ifdef MEMFIT_AVX512_TU
+void mf_flash_forward_avx512(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int hs,
+                             int window, const int32_t *pos);
+void mf_flash_backward_avx512(float *dqkv, float *scratch, const float *dout, const float *out, const float *qkv,
+                              const float *lse, int B, int T, int NH, int NKV, int hs, int window,
+                              const int32_t *pos);
+#endif
 
 extern const mf_kernel_isa mf_kernels_portable;
 #if defined(__x86_64__) && defined(MEMFIT_AVX512_TU)

@@ -593,4 +593,8 @@ const mf_kernel_isa MF_ISA(mf_kernels) = {
     .swiglu_backward = MF_ISA(swiglu_backward),
     .rmsnorm_forward16 = MF_ISA(rmsnorm_forward16),
     .swiglu_forward16 = MF_ISA(swiglu_forward16),
+#ifdef __AVX512F__
+    .flash_forward = mf_flash_forward_avx512,
+    .flash_backward = mf_flash_backward_avx512,
+#endif
 };
