@@ -40,8 +40,8 @@
  * for head sizes up to MF_FA512_MAX_HS: the same tasks and masks with
  * register-blocked AVX-512 tile products and a transposed softmax, which
  * agrees with these loops to round-off (tests/test_kernels_isa_agree.c) and
- * ran smollm2-135m's attention (B4 T256, 9 query / 3 KV heads) 1.8x faster
- * on a 2-core Zen 5. These loops are what MEMFIT_ISA=portable runs.
+ * ran smollm2-135m's attention (B4 T256, 9 query / 3 KV heads) 1.57x faster
+ * on a 2-core Zen 5 (bench/flash_isa_bench.c). These loops are what MEMFIT_ISA=portable runs.
  */
 #include "memfit/kernels.h"
 #include "isa.h"
