@@ -206,7 +206,7 @@ static void fwd_task(float *out, float *lse, const float *qkv, int b, int h, int
     const float *kbase = base + (size_t)(NH + kvh) * hs, *vbase = base + (size_t)(NH + NKV + kvh) * hs;
     const int32_t *P = pos ? pos + (size_t)b * T : NULL;
 
-    float Qt[MF_FA512_MAX_HS * BQ], O[BQ * MF_FA512_MAX_HS], St[BK * BQ];
+    _Alignas(64) float Qt[MF_FA512_MAX_HS * BQ], O[BQ * MF_FA512_MAX_HS], St[BK * BQ];
     float m[BQ], l[BQ], a[BQ];
     int lb[BQ];
     transpose_tile(Qt, base + (size_t)i0 * QKV + (size_t)h * hs, QKV, nq, hs);
@@ -286,7 +286,7 @@ void mf_flash_backward_avx512(float *dqkv, float *scratch, const float *dout, co
         float *dk = dqkv + koff, *dv = dqkv + voff;
         const int32_t *Pd = pos ? pos + (size_t)b * T : NULL;
         float *D = scratch + (size_t)omp_get_thread_num() * per + 2 * (size_t)tq * tk;
-        float Qt[MF_FA512_MAX_HS * BQ], dOt[MF_FA512_MAX_HS * BQ], Pt[BK * BQ], dPt[BK * BQ];
+        _Alignas(64) float Qt[MF_FA512_MAX_HS * BQ], dOt[MF_FA512_MAX_HS * BQ], Pt[BK * BQ], dPt[BK * BQ];
         int lb[BQ];
 
         for (int t = 0; t < T; t++) {
