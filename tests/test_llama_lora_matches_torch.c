@@ -17,7 +17,10 @@
  *   - memfit train --save_adapter DIR (the same 10 steps from the command
  *     line) writes the in-process run's adapters bit for bit; each written
  *     adapter read back with --adapter gives bit-identical logits, and
- *     adapter_config.json says what PEFT needs (fan_in_fan_out false). */
+ *     adapter_config.json says what PEFT needs (fan_in_fan_out false);
+ *   - the same 10 steps with --precision bf16: losses within 1e-3 (relative)
+ *     of torch's fp32 ones, the adapters saved F32 under PEFT's names, read
+ *     back into a fresh bf16 run with the trained run's logits bit for bit. */
 #include "io/io.h"
 #include "memfit/lora.h"
 #include "memfit/train.h"
@@ -34,6 +37,9 @@
 /* |loss(nf4 base) - loss(fp32 base)| measured 1.86e-3 on the first case
  * (the reference's weights, seed 1): a few times that */
 #define NF4_LOSS_BOUND 1e-2
+/* bf16 compute's 10 losses against torch's fp32 ones, relative: measured
+ * 3.5e-5 on the first case (2026-11-27); a few tens of times that */
+#define BF16_LOSS_BOUND 1e-3
 
 static void config(mf_config *c, const char *dir, const char *tok, const char *lora, const char *adapter) {
     char p[1200];
@@ -140,6 +146,9 @@ static void run_case(const char *src, const char *name, const char *args, const 
     cJSON *j = js ? cJSON_Parse(js) : NULL;
     cJSON *losses = j ? cJSON_GetObjectItem(j, "losses") : NULL;
     CHECK(cJSON_GetArraySize(losses) == 10, "ref.json losses");
+    double rl[10];  /* torch's losses, kept for the bf16 run below */
+    int have_rl = cJSON_GetArraySize(losses) == 10;
+    for (int s = 0; have_rl && s < 10; s++) rl[s] = cJSON_GetArrayItem(losses, s)->valuedouble;
     config(&c, dir, tok, lora, ad);
     mf_config_set(&c, "loss_chunk", extras ? "0" : "7");
     float *lg_trained = NULL;
@@ -238,6 +247,55 @@ static void run_case(const char *src, const char *name, const char *args, const 
               "adapter_config.json: %s", cj ? cj : "(missing)");
         cJSON_Delete(jc);
         free(cj);
+
+        /* ---- bf16 compute (docs/lora.md): the same 10 steps from the
+         * reference's adapters, the losses near torch's fp32 ones; the
+         * adapters it saves are F32 in PEFT's layout, and read back with
+         * --adapter into a fresh bf16 run give that run's logits bit for bit */
+        {
+            char s16[1400];
+            snprintf(s16, sizeof s16, "%s/saved16", dir);
+            float *lg16 = NULL;
+            config(&c, dir, tok, lora, ad);
+            CHECK(mf_config_set(&c, "precision", "bf16") == 0, "%s", mf_error());
+            if (have_rl && mf_trainer_init(&t, &c, MF_MODE_TRAIN) == 0) {
+                double worst = 0;
+                for (int s = 0; s < 10; s++) {
+                    mf_step_stats st;
+                    CHECK(mf_trainer_step(&t, &st) == 0, "bf16: %s", mf_error());
+                    double want = rl[s];
+                    worst = fmax(worst, fabs(st.loss - want) / want);
+                }
+                printf("bf16 compute: 10 steps, largest relative loss gap to torch fp32 %.3g (bound %g)\n", worst,
+                       BF16_LOSS_BOUND);
+                CHECK(worst <= BF16_LOSS_BOUND, "bf16 losses %.3g from torch fp32's", worst);
+                CHECK(mf_lora_save_adapter(&t.model, &t.arena, s16, "hf") == 0, "bf16 save_adapter: %s", mf_error());
+                lg16 = tu_logits_of(&t, B_, T_);
+                mf_trainer_free(&t);
+            } else CHECK(0, "bf16: %s", mf_error());
+            mf_st_file fs;
+            snprintf(p, sizeof p, "%s/adapter_model.safetensors", s16);
+            if (lg16 && mf_st_open(&fs, p) == 0) {
+                int f32 = fs.n == n_ad;
+                for (int i = 0; i < fs.n; i++)
+                    f32 &= fs.tensors[i].dtype == MF_DTYPE_F32 && strstr(fs.tensors[i].name, "base_model.model.model.layers.");
+                CHECK(f32, "bf16 run's adapter file: %d tensors, not all F32 under PEFT's names", fs.n);
+                mf_st_close(&fs);
+            } else CHECK(0, "bf16 adapter file: %s", mf_error());
+            config(&c, dir, tok, lora, s16);
+            CHECK(mf_config_set(&c, "precision", "bf16") == 0, "%s", mf_error());
+            if (lg16 && mf_trainer_init(&t, &c, MF_MODE_TRAIN) == 0) {
+                float *lg2 = tu_logits_of(&t, B_, T_);
+                size_t nd = 0;
+                for (size_t k = 0; lg2 && k < (size_t)B_ * T_ * V_; k++) nd += lg16[k] != lg2[k];
+                CHECK(lg2 && nd == 0, "bf16 round trip: %zu of %d logits differ", nd, B_ * T_ * V_);
+                printf("bf16 round trip: saved, read back with --adapter into a bf16 run, %d logits bit-identical: %s\n",
+                       B_ * T_ * V_, lg2 && nd == 0 ? "yes" : "NO");
+                free(lg2);
+                mf_trainer_free(&t);
+            } else CHECK(0, "bf16 reload: %s", mf_error());
+            free(lg16);
+        }
 
         /* ---- the same adapters on an NF4 base (QLoRA): lossy */
         config(&c, dir, tok, lora, ad);

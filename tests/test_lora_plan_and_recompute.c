@@ -8,7 +8,13 @@
  *  - every recompute policy (selective, every:N, sqrt, full) gives losses
  *    and adapter weights bit-identical to recompute none over 12 steps,
  *    with dropout on (the mask is a function of seed, micro-step, layer and
- *    target, so the recomputed forward draws the same mask). */
+ *    target, so the recomputed forward draws the same mask);
+ *  - the same under --precision bf16 (docs/lora.md, "16-bit compute"), for
+ *    GPT-2 and llama-tiny on fp32 and NF4 bases: planned == ledger per
+ *    category, the base has no master row and a bf16 compute row (fp32
+ *    base) and stays bit-identical, the adapters are fp32 rows in category
+ *    adapter, and recompute selective/every:N/sqrt/full give losses and
+ *    weights bit-identical to none over 8 steps, with dropout on. */
 #include "memfit/train.h"
 #include "testutil.h"
 #include "trainutil.h"
@@ -62,6 +68,68 @@ static void run(const char *data, const char *lora, const char *policy, const ch
     mf_trainer_free(&t);
 }
 
+/* bf16 LoRA: one run of `model` (gpt2 tiny or llama-tiny) on a `base`
+ * (fp32 | nf4) base; losses, and every tensor's weight row as bytes (16-bit
+ * and packed rows as they are) */
+static void run16(const char *data, const char *model, const char *base, const char *lora, const char *policy,
+                  int steps, double *losses, unsigned char **w, size_t *nw, size_t *nbase) {
+    mf_config c;
+    lora_config(&c, data, lora);
+    if (strcmp(model, "llama-tiny") == 0) {
+        mf_config_set(&c, "model", "llama-tiny");
+        mf_config_set(&c, "n_layer", "2");
+        mf_config_set(&c, "n_embd", "64");
+        mf_config_set(&c, "n_head", "8");
+    } else mf_config_set(&c, "n_layer", "3");
+    CHECK(mf_config_set(&c, "lora", lora) == 0, "%s", mf_error());
+    mf_config_set(&c, "recompute", policy);
+    CHECK(mf_config_set(&c, "precision", "bf16") == 0, "%s", mf_error());
+    CHECK(mf_config_set(&c, "base_dtype", base) == 0, "%s", mf_error());
+    mf_trainer t;
+    *w = NULL;
+    if (mf_trainer_init(&t, &c, MF_MODE_TRAIN)) { CHECK(0, "bf16 %s %s %s: %s", model, base, policy, mf_error()); return; }
+    CHECK(t.model.cdt == MF_DTYPE_BF16, "not a bf16 plan");
+    CHECK(t.plan.total_cat[MF_CAT_GRADS] == 0 && t.plan.total_cat[MF_CAT_OPTIM] == 0 &&
+              t.plan.total_cat[MF_CAT_MASTER] == 0,
+          "bf16 %s %s: the frozen base has gradient (%zu), optimizer (%zu) or master (%zu) bytes", model, base,
+          t.plan.total_cat[MF_CAT_GRADS], t.plan.total_cat[MF_CAT_OPTIM], t.plan.total_cat[MF_CAT_MASTER]);
+    size_t total = 0;
+    int n16 = 0;
+    for (int i = 0; i < t.model.n_tensors; i++) {
+        const mf_tensor *x = &t.model.tensors[i];
+        const mf_buf *b = &t.plan.bufs[mf_tensor_weights_row(x)];
+        CHECK(x->mw < 0, "%s: a master row under LoRA", x->name);
+        if (x->lora)
+            CHECK(b->dtype == MF_DTYPE_F32 && b->cat == MF_CAT_ADAPTER && x->g >= 0 &&
+                      t.plan.bufs[x->g].dtype == MF_DTYPE_F32 && x->st[0] >= 0,
+                  "%s: an adapter is not fp32 in category adapter with an fp32 gradient and state", x->name);
+        if (!x->lora && x->ndim == 2 && x->role != MF_ROLE_POS)
+            CHECK(b->dtype == MF_DTYPE_BF16 || b->dtype == MF_DTYPE_U8, "%s: an fp32 base matrix under bf16", x->name);
+        n16 += !x->lora && b->dtype == MF_DTYPE_BF16;
+        if (i == t.model.lora_first) *nbase = total;  /* the adapters follow the base */
+        total += b->bytes;
+    }
+    /* an fp32 base: every matrix a bf16 compute row; NF4: the blocks
+     * packed (GPT-2's wte a bf16 compute row; a Llama's embedding and
+     * head packed bf16, U8 rows) */
+    CHECK(n16 > 0 || (strcmp(base, "nf4") == 0 && strcmp(model, "llama-tiny") == 0), "bf16 %s %s: no bf16 weight rows",
+          model, base);
+    tu_steps(&t, 0, steps, losses);
+    CHECK(!steps || t.ledger.peak_total == t.plan.peak_bytes, "bf16 %s %s %s: ledger peak %zu != planned %zu", model,
+          base, policy, t.ledger.peak_total, t.plan.peak_bytes);
+    for (int i = 0; steps && i < MF_CAT_COUNT; i++)
+        CHECK(t.ledger.at_peak[i] == t.plan.peak_cat[i], "bf16 %s %s %s %s: ledger %zu != planned %zu", model, base,
+              policy, mf_cat_name((mf_cat)i), t.ledger.at_peak[i], t.plan.peak_cat[i]);
+    unsigned char *o = malloc(total ? total : 1), *q = o;
+    for (int i = 0; o && i < t.model.n_tensors; i++) {
+        int r = mf_tensor_weights_row(&t.model.tensors[i]);
+        memcpy(q, mf_arena_ptr(&t.arena, r), t.plan.bufs[r].bytes);
+        q += t.plan.bufs[r].bytes;
+    }
+    *w = o, *nw = total;
+    mf_trainer_free(&t);
+}
+
 int main(void) {
     char data[64];
     CHECK(tu_make_tokens(data, sizeof data, 20000, 21) == 0, "token file: %s", mf_error());
@@ -108,6 +176,43 @@ int main(void) {
                   mf_cat_name((mf_cat)i), t.ledger.at_peak[i], t.plan.peak_cat[i]);
         mf_trainer_free(&t);
     } else CHECK(0, "infer: %s", mf_error());
+    /* bf16 compute: recompute policies bit-identical to none, plan ==
+     * ledger (inside run16), the frozen base unchanged */
+    {
+        const char *models[2][2] = {{"gpt2", "r=4,alpha=8,dropout=0.1,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj"},
+                                    {"llama-tiny", "r=4,alpha=8,dropout=0.1,targets=q_proj,k_proj,v_proj,o_proj,"
+                                                   "gate_proj,up_proj,down_proj"}};
+        const char *bases[2] = {"fp32", "nf4"};
+        const char *pol16[] = {"selective", "every:2", "sqrt", "full"};
+        for (int mi = 0; mi < 2; mi++)
+            for (int bi = 0; bi < 2; bi++) {
+                double a[8], b[8];
+                unsigned char *wa = NULL, *wb = NULL, *w0 = NULL;
+                size_t na = 0, nb = 0, n0 = 0, nbase = 0;
+                run16(data, models[mi][0], bases[bi], models[mi][1], "none", 0, a, &w0, &n0, &nbase);
+                run16(data, models[mi][0], bases[bi], models[mi][1], "none", 8, a, &wa, &na, &nbase);
+                CHECK(a[7] < a[0], "bf16 %s %s: loss did not fall: %.4f -> %.4f", models[mi][0], bases[bi], a[0], a[7]);
+                /* the adapters are the last rows: the base before them is unchanged, they moved */
+                CHECK(w0 && wa && n0 == na && nbase < na && memcmp(w0, wa, nbase) == 0 &&
+                          memcmp(w0 + nbase, wa + nbase, na - nbase) != 0,
+                      "bf16 %s %s: the base changed or the adapters did not", models[mi][0], bases[bi]);
+                for (int k = 0; k < 4; k++) {
+                    if (bi == 1 && k != 3 && k != 0) continue;  /* NF4: selective and full */
+                    run16(data, models[mi][0], bases[bi], models[mi][1], pol16[k], 8, b, &wb, &nb, &nbase);
+                    for (int i = 0; i < 8; i++)
+                        CHECK(a[i] == b[i], "bf16 %s %s %s step %d: loss %.17g vs none %.17g", models[mi][0], bases[bi],
+                              pol16[k], i + 1, b[i], a[i]);
+                    CHECK(wa && wb && na == nb && memcmp(wa, wb, na) == 0, "bf16 %s %s %s: weights differ from none",
+                          models[mi][0], bases[bi], pol16[k]);
+                    printf("bf16 lora %-10s %s base, recompute %-9s: 8 losses and all weights identical to none "
+                           "(loss %.4f -> %.4f)\n", models[mi][0], bases[bi], pol16[k], a[0], a[7]);
+                    free(wb);
+                    wb = NULL;
+                }
+                free(w0);
+                free(wa);
+            }
+    }
     /* refused combinations */
     lora_config(&c, data, all);
     mf_config_set(&c, "update_in_backward", "1");

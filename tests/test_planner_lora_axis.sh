@@ -6,7 +6,8 @@
 # than an fp32 one with the same other keys; a budget that a full
 # fine-tuning setting fits never gets LoRA, one that only LoRA fits does,
 # and memfit train --budget then trains adapters inside it (peak RSS checked
-# in the release build); --lora given explicitly pins the axis.
+# in the release build); --lora given explicitly pins the axis, and then
+# bf16 compute is offered with it and chosen when only it fits.
 set -u
 M=${MEMFIT_BIN:?}
 W=$(mktemp -d /tmp/memfit-plan-lora-XXXXXX)
@@ -31,6 +32,18 @@ full = min(x["need_bytes"] for x in s if not x["lora"])
 print((lo + full) // 2 if lo < full else 0)' "$W/lossy.json")
 [ "$b" -gt 0 ] || { echo "FAIL no LoRA setting is smaller than every full fine-tuning one"; exit 1; }
 plan --budget "$b" --init "$init" --allow lossy > "$W/tight.json"
+# bf16 compute with LoRA (docs/lora.md): a pinned --lora under --allow
+# lossy offers bf16 too, and a budget between the smallest bf16 LoRA setting
+# and the smallest fp32 LoRA one gets bf16
+plan --budget 4GiB --init "$init" --allow lossy --lora "$LORA" > "$W/pin16.json"
+b16=$(/usr/bin/python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))["settings"]
+h = [x["need_bytes"] for x in s if x["precision"] == "bf16"]
+f = [x["need_bytes"] for x in s if x["precision"] == "fp32"]
+print((min(h) + min(f)) // 2 if h and f and min(h) < min(f) else 0)' "$W/pin16.json")
+[ "$b16" -gt 0 ] || { echo "FAIL no bf16 LoRA setting is smaller than every fp32 LoRA one"; exit 1; }
+plan --budget "$b16" --init "$init" --allow lossy --lora "$LORA" > "$W/tight16.json"
 # memfit train measures its own runtime (above plan's, far above under
 # AddressSanitizer): its refusal of a 1 MiB budget names its smallest
 # feasible budget, a LoRA one; 1 MiB over that fits only LoRA settings
@@ -70,6 +83,12 @@ check(ch and not ch[0]["lora"], "4 GiB: a full fine-tuning setting is chosen (%s
 tc = [s for s in ti["settings"] if s["chosen"]]
 check(tc and tc[0]["lora"] and tc[0]["need_bytes"] <= b, "budget %d (only LoRA fits): LoRA chosen (%s base)" % (b, tc[0]["base_dtype"] if tc else None))
 check(all(s["lora"] == "r=4,alpha=8" for s in pi), "--lora given pins the axis (%d settings)" % len(pi))
+p16 = ld("pin16")["settings"]
+check(any(s["precision"] == "bf16" for s in p16) and all(s["lora"] for s in p16) and all(s["lossy"] for s in p16 if s["precision"] == "bf16"),
+      "--lora pinned, --allow lossy: bf16 LoRA settings offered (%d), marked lossy" % sum(s["precision"] == "bf16" for s in p16))
+t16 = [s for s in ld("tight16")["settings"] if s["chosen"]]
+check(t16 and t16[0]["lora"] and t16[0]["precision"] == "bf16",
+      "a budget only bf16 LoRA fits: bf16 chosen (%s)" % (t16[0]["precision"] if t16 else None))
 log = open(w + "/train.log").read()
 m = re.search(r"planner: (.*?), the fastest of", log)
 check(m and "LoRA" in m.group(1), "train --budget %d trains adapters: %s" % (bt, m.group(1) if m else None))

@@ -3,7 +3,8 @@
 # baseline plus the planned arena, and the ledger equals the plan, for
 # models from 1M to 124M parameters, every recompute policy, every
 # optimizer, every precision (bf16 without master weights updated in
-# backward or from disk too, bf16 gradients), LoRA on a frozen base (fp32 and NF4), and
+# backward or from disk too, bf16 gradients), LoRA on a frozen base (fp32 and NF4; fp32 and
+# bf16 compute), and
 # Llama-family models (from a preset and from a Hugging Face folder), a
 # mixture of experts, and chat data (JSONL, packed and not).
 # (Release build only: sanitizers change the process's memory.)
@@ -103,6 +104,11 @@ run llama-L4-C256-kv2-B4-T256-bf16 "${LLAMA[@]}" --steps 2 --precision bf16
 LLORA=r=8,alpha=16,dropout=0.05,targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 run llama-L4-C256-kv2-B4-T256-lora "${LLAMA[@]}" --steps 2 --lora "$LLORA"
 run llama-L4-C256-kv2-B4-T256-qlora-full "${LLAMA[@]}" --steps 2 --lora "$LLORA" --base_dtype nf4 --recompute full
+# LoRA with bf16 compute: the frozen base's bf16 rows (no master), the
+# widened-input rows work.lora_x32.*, on an fp32 and an NF4 base
+run llama-L4-C256-kv2-B4-T256-lora-bf16 "${LLAMA[@]}" --steps 2 --lora "$LLORA" --precision bf16
+run llama-L4-C256-kv2-B4-T256-qlora-bf16-selective "${LLAMA[@]}" --steps 2 --lora "$LLORA" --base_dtype nf4 \
+  --precision bf16 --recompute selective
 # mixture of experts (Mixtral block): moe-tiny widened (8 experts, top-2;
 # the routing and permutation rows sized for the dropless worst case, or
 # for a capacity factor), recompute none and full

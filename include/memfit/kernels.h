@@ -255,7 +255,8 @@ void mf_matmul16_backward(mf_dtype dt, float *dinp, void *dw, int dw16, float *d
                           const void *inp, const void *w, int N, int C, int OC, void *scratch, size_t scratch_bytes);
 /* A weight gradient's GEMM: dW (M,N) += op(A) op(B), fp32 accumulation;
  * dW fp32, or with dw16 (dt bf16 only: grad_dtype bf16) a bf16 row, the
- * product added to its widened values and rounded to nearest-even once. */
+ * product added to its widened values and rounded to nearest-even once.
+ * dW NULL (a frozen weight): nothing. */
 void mf_gemm16_dw(mf_dtype dt, void *dW, int dw16, const void *A, const void *B, int M, int N, int K, int tA, int tB,
                   void *scratch, size_t scratch_bytes);
 

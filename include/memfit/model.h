@@ -276,7 +276,8 @@ typedef struct {
     mf_lora_cfg lora;     /* lora.r == 0: none */
     int lora_first;       /* tensors[lora_first..]: per layer, per target in order, lora_A then lora_B */
     int lora_u, lora_du;  /* work rows (N,r): dropout(x) @ A^T and its gradient */
-    int lora_xf, lora_xb; /* work rows (N, widest input): dropout(x) in forward / backward phases (-1 without dropout) */
+    int lora_xf, lora_xb; /* work rows (N, widest input): dropout(x) in forward / backward phases (-1 without dropout);
+                           * under 16-bit compute a projection's input widened to fp32 (mf_lora_x32), dropped in place */
     uint64_t lora_seed;   /* dropout seed (the run's seed) */
     uint64_t lora_micro;  /* micro-step counter the trainer sets before each training forward */
     int lora_drop;        /* dropout is on in the last forward (training forward with dropout > 0) */
@@ -350,6 +351,10 @@ void mf_lora_layer_backward_params(mf_model *m, mf_arena *a, int l, int k, const
 void mf_lora_layer_backward_input(mf_model *m, mf_arena *a, int l, int k, float *dx, int N);
 /* The same with the output (gradient) rows ldy floats apart: q, k and v
  * write column ranges of the Llama block's qkv rows. */
+/* 16-bit compute: x (N, in; 16-bit, m->cdt) widened exactly into the fp32
+ * row of the phase we are in (work.lora_x32.fwd / .bwd), which it returns;
+ * the adapters' GEMMs and a quantised base's read fp32 inputs. */
+const float *mf_lora_x32(mf_model *m, mf_arena *a, const void *x, int N, int in);
 void mf_lora_layer_forward_ld(mf_model *m, mf_arena *a, int l, int k, const float *x, float *y, int ldy, int N);
 void mf_lora_layer_backward_params_ld(mf_model *m, mf_arena *a, int l, int k, const float *dy, int ldy,
                                       const float *x, int N);

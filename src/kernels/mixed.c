@@ -191,6 +191,7 @@ void mf_matmul16_forward(mf_dtype dt, float *out, const void *inp, const void *w
 
 void mf_gemm16_dw(mf_dtype dt, void *dW, int dw16, const void *A, const void *B, int M, int N, int K, int tA, int tB,
                   void *scratch, size_t scratch_bytes) {
+    if (!dW) return;  /* a frozen weight (LoRA's base): no gradient */
     if (!dw16) {
         mf_gemm16(dt, dW, A, B, NULL, M, N, K, tA, tB, 1, scratch, scratch_bytes);
         return;

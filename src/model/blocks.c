@@ -139,11 +139,15 @@ static void proj_fwd(mf_model *m, mf_arena *a, const lin_ctx *c, int l, int lt, 
     const float *bias = !epi && lt_bias[lt] >= 0 ? LPO(l, lt_bias[lt]) : NULL;
     mf_quant_kind q = (mf_quant_kind)w->qkind;
     if (resid && ldy != out) mf_panic("projection %d: a residual needs contiguous rows", lt);
+    /* 16-bit compute: a quantised base and the adapter read x widened to
+     * fp32 (mf_lora_x32); a 16-bit base reads x as it is */
+    int ad = m->lora.r && mf_lora_tensor(m, l, k) >= 0;
+    const float *x32 = c->h16 && (q || ad) ? mf_lora_x32(m, a, x, N, in) : x;
     if (c->bd->w_in_out) {
         /* Conv1D (in, out): y = x W + b on contiguous rows */
         if (ldy != out) mf_panic("projection %d: a Conv1D weight writes contiguous rows", lt);
         if (q) {
-            mf_quant_matmul_forward(y, x, LP(l, lt), bias, N, in, out, q, quant_scratch(m, a));
+            mf_quant_matmul_forward(y, x32, LP(l, lt), bias, N, in, out, q, quant_scratch(m, a));
             if (resid)
                 for (size_t i = 0; i < (size_t)N * out; i++) y[i] += resid[i];
         } else {
@@ -156,10 +160,10 @@ static void proj_fwd(mf_model *m, mf_arena *a, const lin_ctx *c, int l, int lt, 
          * wider row when ldy > out (q, k and v into qkv) */
         float beta = resid ? 1.0f : 0.0f;
         if (resid) memcpy(y, resid, (size_t)N * out * sizeof(float));
-        if (q) mf_quant_linear_forward(y, ldy, x, LP(l, lt), bias, N, in, out, beta, q, quant_scratch(m, a));
+        if (q) mf_quant_linear_forward(y, ldy, x32, LP(l, lt), bias, N, in, out, beta, q, quant_scratch(m, a));
         else lin_fwd(c, y, ldy, x, LP(l, lt), bias, N, in, out, beta);
     }
-    if (m->lora.r) mf_lora_layer_forward_ld(m, a, l, k, x, y, ldy, N);
+    if (ad) mf_lora_layer_forward_ld(m, a, l, k, x32, y, ldy, N);
 }
 
 /* Its backward: the adapter's parameter gradients first (x may share dx's
@@ -173,7 +177,10 @@ static void proj_bwd(mf_model *m, mf_arena *a, const lin_ctx *c, int l, int lt, 
     const mf_tensor *w = &m->tensors[LT_I(l, lt)];
     mf_quant_kind q = (mf_quant_kind)w->qkind;
     float *dW = LG(l, lt), *db = lt_bias[lt] >= 0 ? LGO(l, lt_bias[lt]) : NULL;
-    if (m->lora.r) mf_lora_layer_backward_params_ld(m, a, l, k, dy, ldy, x, N);
+    /* 16-bit compute: the adapter reads x widened (the base's backward
+     * needs no x: it is frozen) */
+    int ad = m->lora.r && mf_lora_tensor(m, l, k) >= 0;
+    if (ad) mf_lora_layer_backward_params_ld(m, a, l, k, dy, ldy, c->h16 ? mf_lora_x32(m, a, x, N, in) : x, N);
     if (c->bd->w_in_out) {
         if (ldy != out || beta != 0.0f) mf_panic("projection %d: a Conv1D backward reads contiguous rows, overwrites", lt);
         if (q) {
@@ -187,7 +194,7 @@ static void proj_bwd(mf_model *m, mf_arena *a, const lin_ctx *c, int l, int lt, 
         mf_quant_linear_backward_input(dx, dy, ldy, LP(l, lt), N, in, out, q, quant_scratch(m, a));
     } else
         lin_bwd(c, dx, beta, dW, w->g16, db, dy, ldy, x, LP(l, lt), N, in, out);
-    if (m->lora.r) mf_lora_layer_backward_input(m, a, l, k, dx, N);
+    if (ad) mf_lora_layer_backward_input(m, a, l, k, dx, N);
 }
 
 /* ---- embedding: token rows gathered (a Llama's; GPT-2's encoder adds

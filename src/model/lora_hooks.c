@@ -3,6 +3,8 @@
  * declares them); this file only reads them through the arena. */
 #include "memfit/lora.h"
 #include "memfit/model.h"
+#include "memfit/core.h"
+#include "memfit/kernels.h"
 
 #include <string.h>
 
@@ -13,11 +15,25 @@ int mf_lora_tensor(const mf_model *m, int l, int k) {
     return m->lora_first + 2 * (l * nt + pos);
 }
 
-/* the dropout scratch of the phase we are in (forward or backward) */
-static float *drop_scratch(mf_model *m, mf_arena *a) {
-    if (!m->lora_drop) return NULL;
+/* the fp32 input row of the phase we are in (forward or backward) */
+static float *x_row(mf_model *m, mf_arena *a) {
     int bwd = m->mode == MF_MODE_TRAIN && a->phase >= mf_phase_head_bwd(m);
     return mf_arena_get(a, bwd ? m->lora_xb : m->lora_xf);
+}
+
+/* the dropout scratch: the same row (under 16-bit compute dropout(x) is
+ * written over the widened x, element by element in place) */
+static float *drop_scratch(mf_model *m, mf_arena *a) {
+    return m->lora_drop ? x_row(m, a) : NULL;
+}
+
+const float *mf_lora_x32(mf_model *m, mf_arena *a, const void *x, int N, int in) {
+    if (m->lora_xf < 0) mf_panic("16-bit input widened without a planned work.lora_x32 row");
+    float *w = x_row(m, a);
+    const uint16_t *h = x;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) mf_f32_from_half(m->cdt, w + (size_t)n * in, h + (size_t)n * in, (size_t)in);
+    return w;
 }
 
 static float dropout_p(const mf_model *m) { return m->lora_drop ? m->lora.dropout : 0.0f; }

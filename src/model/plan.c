@@ -114,12 +114,13 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     t->rows_file = file_rows;
     t->numel = d0 * (ndim > 1 ? d1 : 1);
     t->decay = decay_2d;
+    /* LoRA: the adapters are trainable (category adapter), the base is
+     * frozen; under 16-bit compute the adapters stay fp32 (their own master) */
+    t->lora = strstr(name, ".lora_") != NULL;
     t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, role == MF_ROLE_EMB,
-                             m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS};
+                             m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS && !t->lora};
     t->lo = 0;
     t->hi = t->numel;
-    /* LoRA: the adapters are trainable (category adapter), the base is frozen */
-    t->lora = strstr(name, ".lora_") != NULL;
     t->frozen = (m->lora.r > 0 || mf_model_quant_infer(m)) && !t->lora;
     /* --base_dtype: the frozen Conv1D weights (2-D, inside a block) are
      * stored quantised; embeddings, LayerNorms and biases stay fp32 */
@@ -147,8 +148,9 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     /* 16-bit precision: the GEMM weights (every matrix but wpe, which only
      * the embedding adds) get a 16-bit compute row, plus an fp32 master
      * row the optimizer updates; vectors stay fp32 (they are their own
-     * master) */
-    int h16 = m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS;
+     * master). LoRA: a frozen base matrix has its 16-bit row only (no
+     * update, so no master); the adapters are fp32 (mf_tensor_is16) */
+    int h16 = m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS && !t->lora;
     if (shard && m->opt.zero >= 3) {
         /* ZeRO 3: a rank keeps its shard; the whole tensor is gathered
          * into a row that lives only in the phases that read it. A block's
@@ -174,7 +176,7 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
         t->p = add(ad, name, MF_CAT_PARAMS, MF_DTYPE_U8, 1, (int64_t)mf_quant_bytes(t->qkind, t->numel), 0, 0, 0, 0, last, layer);
     else {
         t->p = add(ad, name, pcat, h16 ? m->cdt : MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
-        if (h16 && m->opt.master) {
+        if (h16 && m->opt.master && !t->frozen) {
             snprintf(nm, sizeof nm, "master.%s", name);
             t->mw = add(ad, nm, MF_CAT_MASTER, MF_DTYPE_F32, ndim, d0, d1, 0, 0, 0, last, layer);
         }
@@ -531,9 +533,16 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             return mf_fail("lora: update_in_backward is not supported with LoRA (the adapters' state is small); drop it");
         if (mode == MF_MODE_TRAIN && opt->offload_path[0])
             return mf_fail("lora: optimizer offload is not supported with LoRA (the adapters' state is small); drop --offload");
-        if (mode == MF_MODE_TRAIN && opt->compute != MF_DTYPE_F32)
-            return mf_fail("lora: --precision %s is not supported with LoRA yet (use fp32 compute; --base_dtype stores the "
-                           "frozen base in bf16, int8 or nf4)", opt->compute == MF_DTYPE_BF16 ? "bf16" : "fp16");
+        /* bf16 compute: the frozen base's GEMMs and the activations in
+         * bf16 as full bf16 training runs them; the adapters, their
+         * gradients and state fp32 (docs/lora.md, "16-bit compute") */
+        if (mode == MF_MODE_TRAIN && opt->compute == MF_DTYPE_F16)
+            return mf_fail("lora: --precision fp16 is not supported with LoRA yet (use --precision bf16, which needs no "
+                           "loss scaling, or fp32)");
+        if (mode == MF_MODE_TRAIN && opt->compute != MF_DTYPE_F32 && (!opt->master || opt->half_state || opt->grad16))
+            return mf_fail("lora: --master_weights 0, --pure_bf16 and --grad_dtype bf16 do not apply to LoRA (the frozen "
+                           "base has no master copy, gradient or state; the adapters keep fp32 weights, gradients and "
+                           "state); drop them");
     }
     if (d->share && d->share < d->L) {
         /* cross-layer sharing: a set's gradient is complete only after its
@@ -919,9 +928,26 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                 m->moe_lora_du = add(&ad, "work.moe.lora_du", MF_CAT_WORK, MF_DTYPE_F32, 2, m->moe_rows, m->lora.r, 0, 0,
                                      b0, b1, -1);
         }
-        if (train && m->lora.dropout > 0) {
-            m->lora_xf = add(&ad, "work.lora_drop.fwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, f0, f1, -1);
-            m->lora_xb = add(&ad, "work.lora_drop.bwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, b0, b1, -1);
+        /* 16-bit compute (training plans only): a projection's 16-bit
+         * input is widened (exactly) into these rows for the adapter's
+         * fp32 GEMMs (dropout then applies in place) and, with a
+         * quantised base, for the base's fp32 tile GEMMs too: then every
+         * projection of the block reads it, targeted or not */
+        int x32 = m->cdt != MF_DTYPE_F32;
+        if (x32 && m->lora.base) {
+            const mf_block_desc *bdl = mf_model_block_desc(d);
+            for (int lt = 0; lt < MF_LT_COUNT; lt++) {
+                int in, out;
+                if (bdl->lora[lt] < 0) continue;
+                mf_model_lora_dims(d, bdl->lora[lt], &in, &out);
+                if (in > win) win = in;
+            }
+        }
+        if (train && (m->lora.dropout > 0 || x32)) {
+            m->lora_xf = add(&ad, x32 ? "work.lora_x32.fwd" : "work.lora_drop.fwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win,
+                             0, 0, f0, f1, -1);
+            m->lora_xb = add(&ad, x32 ? "work.lora_x32.bwd" : "work.lora_drop.bwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win,
+                             0, 0, b0, b1, -1);
         }
         if (m->lora.base) {
             /* quantised base: the tile of dequantised rows the GEMMs use
