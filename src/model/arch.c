@@ -53,7 +53,7 @@ static mf_preset presets[] = {
     {"moe-tiny", MOE(2, 64, 8, 2, 8, 64, 256, 256, 4, 2), "bytes",
      "Mixtral block (152,384 params, 103,232 active), 4 experts top-2, byte vocabulary; tests"},
     {"qwen2-moe-tiny", QMOE(2, 64, 8, 2, 8, 32, 64, 256, 256, 4, 2), "bytes",
-     "Qwen2-MoE block (QPARAMS), 4 experts top-2 plus a shared expert, q/k/v biases, byte vocabulary; tests"},
+     "Qwen2-MoE block (128,128 params, 103,552 active), 4 experts top-2 plus a shared expert, q/k/v biases, byte vocabulary; tests"},
     {"moe-small", MOE(8, 512, 8, 2, 64, 1024, 256, 1024, 8, 2), "bytes",
      "Mixtral block, 8 experts top-2 (106,209,792 params, 30,712,320 active), byte vocabulary; CPU-trainable"},
     {"mixtral-8x7b", MOE(32, 4096, 32, 8, 128, 14336, 32000, 32768, 8, 2), "bytes",
