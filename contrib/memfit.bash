@@ -14,7 +14,7 @@ _memfit() {
   fi
   case "$prev" in
     --model)
-      COMPREPLY=($(compgen -W "gpt2-1m gpt2-10m gpt2-124m gpt2-350m llama-tiny smollm2-135m qwen2.5-0.5b llama-3.2-1b tinyllama-1.1b moe-tiny moe-small mixtral-8x7b mistral-7b" -- "$cur"))
+      COMPREPLY=($(compgen -W "gpt2-1m gpt2-10m gpt2-124m gpt2-350m llama-tiny smollm2-135m qwen2.5-0.5b llama-3.2-1b tinyllama-1.1b moe-tiny qwen2-moe-tiny moe-small mixtral-8x7b mistral-7b" -- "$cur"))
       return ;;
     --config|--tokenizer|--decay_on|--optimizer|--precision|--grad_dtype|--offload|--data|--chat_template|--train_on|--packing|--val_data|--tokenizer_dir|--prompt|--init|--out_dir|--resume|--metrics|--trace|--report|--plan|--allow|--health_levels|--blas_coretype|--omp_wait|--recompute|--lora|--base_dtype|--adapter|--teacher|--distill|--teacher_dtype|--save_adapter)
       compopt -o filenames 2>/dev/null

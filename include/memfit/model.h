@@ -57,6 +57,9 @@ typedef struct {
     float z_coef;         /* router_z_loss_coef */
     double capacity_factor; /* --capacity_factor: a run setting, not the shape (not in the dims string);
                              * <= 0 dropless */
+    int shared_ffn;       /* Qwen2-MoE's shared expert: HF shared_expert_intermediate_size (a SwiGLU every
+                           * token runs, its output times sigmoid(shared_expert_gate . x) added to the
+                           * routed experts'); 0 = none (Mixtral). ffn is then moe_intermediate_size */
     int ep;               /* --expert_parallel: ranks per expert group (a run setting; <= 1 = off): each
                            * rank holds experts [g*E/ep, (g+1)*E/ep) of every layer, g = rank % ep */
     char tokenizer[MF_PATH_MAX]; /* the run's tokenizer: gpt2, bytes, or a tokenizer.json's path */
@@ -136,7 +139,7 @@ typedef struct { mf_recompute_policy policy; int every; } mf_recompute;
  * message otherwise. */
 int mf_recompute_parse(const char *s, mf_recompute *out);
 
-#define MF_LAYER_TENSORS 12   /* the most tensors one block has */
+#define MF_LAYER_TENSORS 17   /* the most tensors one block has (Qwen2-MoE's) */
 
 /* What a tensor is to the model, beyond its name. */
 typedef enum { MF_ROLE_LAYER = 0, MF_ROLE_EMB, MF_ROLE_POS, MF_ROLE_NORMF, MF_ROLE_HEAD } mf_role;
@@ -187,6 +190,10 @@ typedef struct {
      * grouped input (R_recv, C), each received row's grouped position
      * (R_recv i32) and the group offsets (E/ep + 1 i32) */
     int moe_ep[4];
+    /* Qwen2-MoE's shared expert (-1 otherwise; its SwiGLU uses fch, up,
+     * fch_gelu at width shared_ffn): the down projection's output (N,C)
+     * and sigmoid(gate logit) (N), kept for backward */
+    int sh_y, sh_s;
 } mf_layer_acts;
 
 /* A block's tensors by what they do (mf_model.lt gives their offsets in
@@ -198,7 +205,10 @@ enum { MF_LT_LN1, MF_LT_Q, MF_LT_QB, MF_LT_K, MF_LT_KB, MF_LT_V, MF_LT_VB, MF_LT
        MF_LT_UP, MF_LT_DOWN, MF_LT_LN1B, MF_LT_OB, MF_LT_LN2B, MF_LT_GATEB, MF_LT_DOWNB,
        /* mixture of experts (in place of GATE, UP, DOWN): the router (E,C) and
         * the experts' stacked w1 (E*F,C), w3 (E*F,C), w2 (E*C,F) */
-       MF_LT_ROUTER, MF_LT_W1, MF_LT_W3, MF_LT_W2, MF_LT_COUNT };
+       MF_LT_ROUTER, MF_LT_W1, MF_LT_W3, MF_LT_W2,
+       /* Qwen2-MoE's shared expert: GATE, UP, DOWN (width shared_ffn) are
+        * mlp.shared_expert.*_proj, SHGATE its (1,C) mlp.shared_expert_gate */
+       MF_LT_SHGATE, MF_LT_COUNT };
 
 typedef struct {
     mf_dims d;

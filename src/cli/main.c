@@ -594,6 +594,26 @@ static int take_flag(int argc, char **argv, const char *flag, int *n, char **out
     return hit;
 }
 
+/* Expert parallel (docs/moe.md): the all-to-all bytes of one optimizer step
+ * for one rank's tokens. Per layer and micro-batch the rank's S slot rows
+ * (mf_moe_ep_bounds: tokens x top-k dropless, fewer with a capacity) go to
+ * their experts' owners and their outputs come back (2 directions), and
+ * backward moves their gradients the same two ways (x 2), fp32 rows of C:
+ * L x grad_accum x S x C x 4 B x 2 x 2. An upper bound on the wire: the
+ * rows whose expert is on the rank itself are MPI_Alltoallv's local copy
+ * (about 1/N of them with balanced routing). */
+static void print_alltoall(const mf_dims *d, const mf_planner_choice *c, int seq) {
+    int64_t S = 0;
+    if (mf_moe_ep_bounds(d, c->batch * seq, &S, NULL, NULL, NULL)) return;
+    double bytes = (double)d->L * c->grad_accum * (double)S * d->C * 4 * 2 * 2;
+    char a[32];
+    printf("expert parallel over groups of %d ranks: per rank per step %s of all-to-all (%.0f bytes = %d layers x "
+           "%d micro-batch(es) x %lld slot rows (batch %d x seq %d x top-%d%s) x C %d x 4 B x 2 directions (dispatch, "
+           "combine) x 2 (forward, backward)), not included in s/step\n",
+           d->ep, mf_size_format((size_t)bytes, a, sizeof a), bytes, d->L, c->grad_accum, (long long)S, c->batch, seq,
+           d->top_k, d->capacity_factor > 0 ? ", at most, capacity-bounded" : "", d->C);
+}
+
 static int cmd_plan(int argc, char **argv) {
     char *a1[256], *a2[256], *a3[256], *args[256];
     int n1, n2, n3, n;
@@ -656,6 +676,7 @@ static int cmd_plan(int argc, char **argv) {
                "tokenizer and data, so train re-plans with its own); offloaded settings use %s\n",
                mf_size_format(runtime, b, sizeof b), path);
         mf_planner_print(stdout, &r, all);
+        if (r.chosen >= 0 && d.n_experts > 0 && d.ep > 1 && r.world > 1) print_alltoall(&d, &r.c[r.chosen], r.seq);
     }
     int rc = 0;
     if (r.chosen < 0) {

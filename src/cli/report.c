@@ -316,11 +316,13 @@ static const char *optim_desc(const mf_model *m, char *buf, size_t n) {
 }
 
 /* A mixture of experts: layer l's expert weights (the params rows of its
- * block_sparse_moe.experts tensors) */
+ * block_sparse_moe.experts tensors, Qwen2-MoE's mlp.experts: the routed
+ * experts; the shared expert is mlp.shared_expert) */
 static size_t expert_bytes(const mf_plan *p, int l) {
     size_t b = 0;
     for (int i = 0; i < p->n; i++)
-        if (p->bufs[i].layer == l && p->bufs[i].cat == MF_CAT_PARAMS && strstr(p->bufs[i].name, ".block_sparse_moe.experts."))
+        if (p->bufs[i].layer == l && p->bufs[i].cat == MF_CAT_PARAMS && 
+            (strstr(p->bufs[i].name, ".block_sparse_moe.experts.") || strstr(p->bufs[i].name, ".mlp.experts.")))
             b += p->bufs[i].bytes;
     return b;
 }

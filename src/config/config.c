@@ -33,7 +33,7 @@ typedef struct {
 #define BIG 1e18
 
 static const key_row keys[] = {
-    {"model", T_STR, S(model), "gpt2-10m", 0, 0, "model preset: gpt2-1m, gpt2-10m, gpt2-124m, gpt2-350m, llama-tiny, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, tinyllama-1.1b, mistral-7b, moe-tiny, moe-small, mixtral-8x7b (memfit estimate --help lists them); --init DIR takes the shape from DIR/config.json instead"},
+    {"model", T_STR, S(model), "gpt2-10m", 0, 0, "model preset: gpt2-1m, gpt2-10m, gpt2-124m, gpt2-350m, llama-tiny, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, tinyllama-1.1b, mistral-7b, moe-tiny, qwen2-moe-tiny, moe-small, mixtral-8x7b (memfit estimate --help lists them); --init DIR takes the shape from DIR/config.json instead"},
     {"n_layer", T_INT, F(n_layer), 0, "0", 0, 1024, "transformer blocks (0 = preset's)"},
     {"share_layers", T_INT, F(share_layers), 0, "0", 0, 1024, "cross-layer parameter sharing (ALBERT): the n_layer blocks use N distinct weight sets repeated in order, block i uses set i % N; N must divide n_layer; params, grads and optimizer state shrink by n_layer/N, activations do not (0 = no sharing; docs/sharing.md)"},
     {"n_embd", T_INT, F(n_embd), 0, "0", 0, 65536, "embedding width C (0 = preset's)"},
@@ -117,7 +117,7 @@ static const key_row keys[] = {
     {"net_gbps", T_FLOAT, F(net_gbps), 0, "0", 0, 1e9, "memfit plan --world_size N: each rank's network bandwidth in Gbit/s, to predict the step time with its communication (0 = compute only)"},
     {"log_every", T_INT, F(log_every), 0, "1", 1, 1 << 30, "print a log line every N steps"},
     {"progress", T_INT, F(progress), 0, "-1", -1, 1, "progress bar: -1 when stdout is a terminal, 0 off, 1 on"},
-    {"lora", T_STR, S(lora), "", 0, 0, "LoRA adapters on a frozen base: r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj (GPT-2 names; Llama family: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; Mixtral experts: w1,w2,w3) (empty = full fine-tuning); adapters, their gradients and state stay fp32 under --precision bf16"},
+    {"lora", T_STR, S(lora), "", 0, 0, "LoRA adapters on a frozen base: r=8,alpha=16,dropout=0.05,targets=attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj (GPT-2 names; Llama family: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; Mixtral experts: w1,w2,w3; Qwen2-MoE: gate_proj,up_proj,down_proj are its shared expert's) (empty = full fine-tuning); adapters, their gradients and state stay fp32 under --precision bf16"},
     {"base_dtype", T_STR, S(base_dtype), "fp32", 0, 0, "with lora: how the frozen base's block weights are stored: fp32, bf16, int8 (absmax blocks of 64) or nf4 (QLoRA NF4, double-quantised constants); dequantised a tile at a time inside the GEMM"},
     {"adapter", T_STR, S(adapter), "", 0, 0, "with lora: start from the adapter in this folder (adapter_model.safetensors, PEFT layout)"},
     {"teacher", T_STR, S(teacher), "", 0, 0, "distillation: the frozen teacher to distill from (a memfit weights file or checkpoint, or a Hugging Face folder), forward only; it must share the student's tokenizer and vocabulary (docs/distillation.md)"},

@@ -24,6 +24,14 @@
     {.arch = MF_ARCH_LLAMA, .L = L_, .C = C_, .NH = H_, .NKV = KV_, .hd = hd_, .ffn = I_, .V = V_, .maxT = T_, \
      .tied = 0, .eps = 1e-5f, .rope_theta = 1e6, .hf_arch = "MixtralForCausalLM", .n_experts = E_, .top_k = k_, \
      .norm_topk_prob = 1, .aux_coef = 0.02f}
+/* Qwen2-MoE (Qwen2MoeConfig): q/k/v biases, untied, eps 1e-6, theta 1e6,
+ * top-k weights not renormalised (norm_topk_prob false), aux coef 0.001,
+ * routed experts of width I_ (moe_intermediate_size) and a shared expert of
+ * width S_ (shared_expert_intermediate_size) */
+#define QMOE(L_, C_, H_, KV_, hd_, I_, S_, V_, T_, E_, k_) \
+    {.arch = MF_ARCH_LLAMA, .L = L_, .C = C_, .NH = H_, .NKV = KV_, .hd = hd_, .ffn = I_, .V = V_, .maxT = T_, \
+     .tied = 0, .qkv_bias = 1, .eps = 1e-6f, .rope_theta = 1e6, .hf_arch = "Qwen2MoeForCausalLM", .n_experts = E_, \
+     .top_k = k_, .norm_topk_prob = 0, .aux_coef = 0.001f, .shared_ffn = S_}
 #define LLAMA3_SCALING(f) {.type = MF_ROPE_LLAMA3, .factor = f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, \
                            .original_max_position_embeddings = 8192}
 
@@ -44,6 +52,8 @@ static mf_preset presets[] = {
      "bytes", "TinyLlama 1.1B (1,100,048,384 params), untied"},
     {"moe-tiny", MOE(2, 64, 8, 2, 8, 64, 256, 256, 4, 2), "bytes",
      "Mixtral block (152,384 params, 103,232 active), 4 experts top-2, byte vocabulary; tests"},
+    {"qwen2-moe-tiny", QMOE(2, 64, 8, 2, 8, 32, 64, 256, 256, 4, 2), "bytes",
+     "Qwen2-MoE block (128,128 params, 103,552 active), 4 experts top-2 plus a shared expert, q/k/v biases, byte vocabulary; tests"},
     {"moe-small", MOE(8, 512, 8, 2, 64, 1024, 256, 1024, 8, 2), "bytes",
      "Mixtral block, 8 experts top-2 (106,209,792 params, 30,712,320 active), byte vocabulary; CPU-trainable"},
     {"mixtral-8x7b", MOE(32, 4096, 32, 8, 128, 14336, 32000, 32768, 8, 2), "bytes",
@@ -90,6 +100,9 @@ int mf_model_dims_check(mf_dims *d) {
         if (d->window < 0) return mf_fail("sliding_window %d is negative", d->window);
         if (d->n_experts < 0 || (d->n_experts > 0 && (d->top_k < 1 || d->top_k > d->n_experts)))
             return mf_fail("num_experts_per_tok %d must be between 1 and num_local_experts %d", d->top_k, d->n_experts);
+        if (d->shared_ffn < 0 || (d->shared_ffn > 0 && d->n_experts <= 0))
+            return mf_fail("shared_expert_intermediate_size %d needs a mixture of experts and must be >= 0",
+                           d->shared_ffn);
         if (!(d->aux_coef >= 0) || !(d->z_coef >= 0))
             return mf_fail("router_aux_loss_coef and router_z_loss_coef must be >= 0");
         if (!(d->eps > 0) || !(d->rope_theta > 0)) return mf_fail("rms_norm_eps and rope_theta must be positive");
@@ -147,7 +160,7 @@ int mf_model_dims(const mf_config *cfg, mf_dims *d) {
         if (d->n_experts && !d->norm_topk_prob && !cfg->num_local_experts) d->norm_topk_prob = 1;
         if (!d->n_experts) return mf_fail("num_experts_per_tok %d needs num_local_experts", d->top_k);
         if (!d->top_k) d->top_k = d->n_experts < 2 ? d->n_experts : 2;
-        if (cfg->num_local_experts && !strstr(d->hf_arch, "Mixtral")) {
+        if (cfg->num_local_experts && !strstr(d->hf_arch, "Mixtral") && !d->shared_ffn) {
             snprintf(d->hf_arch, sizeof d->hf_arch, "MixtralForCausalLM");
             d->norm_topk_prob = 1;
         }
@@ -193,11 +206,13 @@ int mf_model_dims(const mf_config *cfg, mf_dims *d) {
 }
 
 /* A block's MLP weights: dense SwiGLU 3CF; a mixture of experts E (all)
- * or k (per token) experts of 3CF plus the router's E x C */
+ * or k (per token) experts of 3CF plus the router's E x C, plus a shared
+ * expert's 3CS and its gate's C (Qwen2-MoE; every token runs it) */
 static int64_t mlp_params(const mf_dims *d, int active) {
-    int64_t C = d->C, F = d->ffn;
+    int64_t C = d->C, F = d->ffn, S = d->shared_ffn;
     if (d->n_experts <= 0) return 3 * C * F;
-    return (int64_t)(active ? d->top_k : d->n_experts) * 3 * C * F + (int64_t)d->n_experts * C;
+    return (int64_t)(active ? d->top_k : d->n_experts) * 3 * C * F + (int64_t)d->n_experts * C +
+           (S > 0 ? 3 * C * S + C : 0);
 }
 
 /* the block's matmul weights a token multiplies through (a mixture of
@@ -234,10 +249,14 @@ static int dims_str_base(const mf_dims *d, char *buf, size_t n) {
     /* GPT-2 keeps the form its checkpoints have always had */
     if (d->arch == MF_ARCH_GPT2) return snprintf(buf, n, "%d,%d,%d,%d,%d", d->L, d->C, d->NH, d->maxT, d->V);
     /* a mixture of experts appends ",moe:E,k,norm,aux,z" (dense shapes keep their old string) */
-    char moe[96] = "";
-    if (d->n_experts > 0)
-        snprintf(moe, sizeof moe, ",moe:%d,%d,%d,%.9g,%.9g", d->n_experts, d->top_k, d->norm_topk_prob,
-                 (double)d->aux_coef, (double)d->z_coef);
+    char moe[128] = "";
+    if (d->n_experts > 0) {
+        int k = snprintf(moe, sizeof moe, ",moe:%d,%d,%d,%.9g,%.9g", d->n_experts, d->top_k, d->norm_topk_prob,
+                         (double)d->aux_coef, (double)d->z_coef);
+        /* a shared expert (Qwen2-MoE) appends ",shared:S" */
+        if (d->shared_ffn > 0 && k > 0 && (size_t)k < sizeof moe)
+            snprintf(moe + k, sizeof moe - (size_t)k, ",shared:%d", d->shared_ffn);
+    }
     return snprintf(buf, n, "llama:%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.9g,%.17g,%d,%.9g,%.9g,%.9g,%d,%s%s", d->L, d->C,
                     d->NH, d->NKV, d->hd, d->ffn, d->maxT, d->V, d->tied, d->qkv_bias, d->window, (double)d->eps,
                     d->rope_theta, (int)d->rope.type, (double)d->rope.factor, (double)d->rope.low_freq_factor,
@@ -285,6 +304,11 @@ int mf_model_dims_parse(const char *s0, mf_dims *d) {
                 return mf_fail("dims '%s' are not a Llama-family shape", s);
             d->aux_coef = (float)aux, d->z_coef = (float)z;
             rest += 5 + u2;
+            int u3 = 0;
+            if (strncmp(rest, ",shared:", 8) == 0 &&
+                (sscanf(rest + 8, "%d%n", &d->shared_ffn, &u3) != 1 || d->shared_ffn < 1))
+                return mf_fail("dims '%s' are not a Llama-family shape", s);
+            if (u3) rest += 8 + u3;
         }
         if (*rest)
             return mf_fail("dims '%s' are not a Llama-family shape", s);
@@ -304,9 +328,10 @@ void mf_model_lora_dims(const mf_dims *d, int k, int *in, int *out) {
     case MF_LORA_K_PROJ:
     case MF_LORA_V_PROJ: *in = d->C, *out = KV; break;
     case MF_LORA_O_PROJ: *in = AO, *out = d->C; break;
+    /* a mixture of experts' dense MLP is Qwen2-MoE's shared expert */
     case MF_LORA_GATE_PROJ:
-    case MF_LORA_UP_PROJ: *in = d->C, *out = d->ffn; break;
-    case MF_LORA_DOWN_PROJ: *in = d->ffn, *out = d->C; break;
+    case MF_LORA_UP_PROJ: *in = d->C, *out = d->n_experts > 0 ? d->shared_ffn : d->ffn; break;
+    case MF_LORA_DOWN_PROJ: *in = d->n_experts > 0 ? d->shared_ffn : d->ffn, *out = d->C; break;
     /* one expert's (the adapter tensors stack E of them) */
     case MF_LORA_W1:
     case MF_LORA_W3: *in = d->C, *out = d->ffn; break;
@@ -326,12 +351,12 @@ static const mf_block_desc gpt2_block = {
     .norm = MF_NORM_LAYERNORM, .learned_pos = 1, .rope = 0, .mlp = MF_MLP_GELU, .w_in_out = 1, .proj_bias = 1,
     .fused_fp32 = 1, .bf16_frozen_embed = 0,
     .lora = {-1, MF_LORA_ATTN_C_ATTN, -1, -1, -1, -1, -1, MF_LORA_ATTN_C_PROJ, -1, MF_LORA_MLP_C_FC, -1,
-             MF_LORA_MLP_C_PROJ, -1, -1, -1, -1, -1, -1, -1, -1, -1}};
+             MF_LORA_MLP_C_PROJ, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}};
 static const mf_block_desc llama_block = {
     .norm = MF_NORM_RMSNORM, .learned_pos = 0, .rope = 1, .mlp = MF_MLP_SWIGLU, .w_in_out = 0, .proj_bias = 0,
     .fused_fp32 = 0, .bf16_frozen_embed = 1,
     .lora = {-1, MF_LORA_Q_PROJ, -1, MF_LORA_K_PROJ, -1, MF_LORA_V_PROJ, -1, MF_LORA_O_PROJ, -1, MF_LORA_GATE_PROJ,
-             MF_LORA_UP_PROJ, MF_LORA_DOWN_PROJ, -1, -1, -1, -1, -1, -1, -1, -1, -1}};
+             MF_LORA_UP_PROJ, MF_LORA_DOWN_PROJ, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}};
 /* Mixtral: the Llama block with a routed mixture of SwiGLU experts as its
  * MLP (moe_block.c); adapters on the attention projections here, on the
  * experts (w1, w2, w3) through the experts' hooks (moe_lora.c) */
@@ -339,10 +364,19 @@ static const mf_block_desc moe_block = {
     .norm = MF_NORM_RMSNORM, .learned_pos = 0, .rope = 1, .mlp = MF_MLP_MOE, .w_in_out = 0, .proj_bias = 0,
     .fused_fp32 = 0, .bf16_frozen_embed = 1,
     .lora = {-1, MF_LORA_Q_PROJ, -1, MF_LORA_K_PROJ, -1, MF_LORA_V_PROJ, -1, MF_LORA_O_PROJ, -1, -1, -1, -1, -1, -1,
-             -1, -1, -1, -1, -1, -1, -1}};
-_Static_assert(MF_LT_COUNT == 21, "the lora[] tables above list every MF_LT_* slot");
+             -1, -1, -1, -1, -1, -1, -1, -1}};
+/* Qwen2-MoE: Mixtral's block plus a shared expert, a SwiGLU on the block's
+ * gate/up/down slots (width shared_ffn; mlp.shared_expert.*, so the dense
+ * projection path, its LoRA hooks and quantised base apply) gated by
+ * sigmoid(shared_expert_gate . x) (moe_shared.c) */
+static const mf_block_desc qmoe_block = {
+    .norm = MF_NORM_RMSNORM, .learned_pos = 0, .rope = 1, .mlp = MF_MLP_MOE, .w_in_out = 0, .proj_bias = 0,
+    .fused_fp32 = 0, .bf16_frozen_embed = 1,
+    .lora = {-1, MF_LORA_Q_PROJ, -1, MF_LORA_K_PROJ, -1, MF_LORA_V_PROJ, -1, MF_LORA_O_PROJ, -1, MF_LORA_GATE_PROJ,
+             MF_LORA_UP_PROJ, MF_LORA_DOWN_PROJ, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}};
+_Static_assert(MF_LT_COUNT == 22, "the lora[] tables above list every MF_LT_* slot");
 
 const mf_block_desc *mf_model_block_desc(const mf_dims *d) {
-    if (d->arch == MF_ARCH_LLAMA && d->n_experts > 0) return &moe_block;
+    if (d->arch == MF_ARCH_LLAMA && d->n_experts > 0) return d->shared_ffn > 0 ? &qmoe_block : &moe_block;
     return d->arch == MF_ARCH_LLAMA ? &llama_block : &gpt2_block;
 }

@@ -378,7 +378,7 @@ static int qkv_off(const mf_model *m, int lt) {
  * d(gate) and d(up) overwrite the gate and up rows (their last reader). */
 static void act_fwd(mf_arena *a, const lin_ctx *c, const mf_layer_acts *A, void *h, size_t n) {
     float *fch = BUF(A->fch);
-    if (c->bd->mlp == MF_MLP_SWIGLU) {
+    if (c->bd->mlp != MF_MLP_GELU) {  /* SwiGLU: a Llama's MLP, Qwen2-MoE's shared expert */
         if (c->h16) mf_swiglu_forward16(h, c->dt, fch, BUF(A->up), n);
         else mf_swiglu_forward(h, fch, BUF(A->up), n);
     } else if (c->h16) mf_gelu_forward16(h, c->dt, fch, n);
@@ -387,13 +387,15 @@ static void act_fwd(mf_arena *a, const lin_ctx *c, const mf_layer_acts *A, void 
 
 void mf_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompute, int write_out) {
     const mf_dims *d = &m->d;
-    int C = d->C, N = B * T, AO = d->NH * d->hd, QKV = (d->NH + 2 * d->NKV) * d->hd, I = d->ffn;
+    /* I: the dense MLP's width (a mixture's: its shared expert's, Qwen2-MoE; 0: none) */
+    int C = d->C, N = B * T, AO = d->NH * d->hd, QKV = (d->NH + 2 * d->NKV) * d->hd;
+    int I = mf_model_block_desc(d)->mlp == MF_MLP_MOE ? d->shared_ffn : d->ffn;
     const mf_layer_acts *A = recompute ? &m->racts[l] : &m->acts[l];
     const int *res = recompute ? m->rres : m->res;
     lin_ctx c = lin_ctx_of(m, a);
     /* GPT-2 in fp32 without adapters: the fused bias/residual epilogues */
     int fused = c.bd->fused_fp32 && !c.h16 && !m->lora.r && !m->lora.base;  /* (a quantised teacher or model: lora.base, no adapters) */
-    int moe = c.bd->mlp == MF_MLP_MOE;  /* no dense MLP rows */
+    int moe = c.bd->mlp == MF_MLP_MOE && !I;  /* no dense MLP rows */
     float *x = BUF(res[l]), *xmid = BUF(A->xmid), *fch = moe ? NULL : BUF(A->fch);
     void *ln1 = mf_arena_get(a, A->ln1), *ln2 = mf_arena_get(a, A->ln2), *h = moe ? NULL : mf_model_mlp_out(m, a, A);
     norm_fwd(m, a, &c, l, 0, ln1, A->ln1_mean, A->ln1_rstd, x, N);
@@ -425,7 +427,15 @@ void mf_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompu
     proj_fwd(m, a, &c, l, MF_LT_O, xmid, C, ain, x, 0, N);
     norm_fwd(m, a, &c, l, 1, ln2, A->ln2_mean, A->ln2_rstd, xmid, N);
     if (c.bd->mlp == MF_MLP_MOE) {
-        mf_moe_block_forward(m, a, l, A, ln2, xmid, write_out ? BUF(res[l + 1]) : NULL, N, recompute);
+        float *out = write_out ? BUF(res[l + 1]) : NULL;
+        mf_moe_block_forward(m, a, l, A, ln2, xmid, out, N, recompute);
+        if (!I) return;
+        /* Qwen2-MoE: out += sigmoid(ln2 . shared_expert_gate) * shared_expert(ln2) */
+        proj_fwd(m, a, &c, l, MF_LT_GATE, fch, I, ln2, NULL, 0, N);
+        proj_fwd(m, a, &c, l, MF_LT_UP, BUF(A->up), I, ln2, NULL, 0, N);
+        act_fwd(a, &c, A, h, (size_t)N * I);
+        proj_fwd(m, a, &c, l, MF_LT_DOWN, BUF(A->sh_y), C, h, NULL, 0, N);
+        mf_moe_shared_gate_forward(out, BUF(A->sh_s), BUF(A->sh_y), ln2, LP(l, MF_LT_SHGATE), N, C);
         return;
     }
     proj_fwd(m, a, &c, l, MF_LT_GATE, fch, I, ln2, NULL, 0, N);
@@ -437,10 +447,11 @@ void mf_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompu
 
 void mf_block_backward(mf_model *m, mf_arena *a, int l, int B, int T) {
     const mf_dims *d = &m->d;
-    int C = d->C, N = B * T, AO = d->NH * d->hd, QKV = (d->NH + 2 * d->NKV) * d->hd, I = d->ffn;
+    int C = d->C, N = B * T, AO = d->NH * d->hd, QKV = (d->NH + 2 * d->NKV) * d->hd;
+    int I = mf_model_block_desc(d)->mlp == MF_MLP_MOE ? d->shared_ffn : d->ffn;  /* as in forward */
     const mf_layer_acts *A = &m->racts[l];
     lin_ctx c = lin_ctx_of(m, a);
-    int moe = c.bd->mlp == MF_MLP_MOE;
+    int moe = c.bd->mlp == MF_MLP_MOE && !I, shared = c.bd->mlp == MF_MLP_MOE && I;
     float *x = BUF(m->rres[l]), *xmid = BUF(A->xmid), *fch = moe ? NULL : BUF(A->fch);
     void *ln1 = mf_arena_get(a, A->ln1), *ln2 = mf_arena_get(a, A->ln2), *h = moe ? NULL : mf_model_mlp_out(m, a, A);
     if (m->recompute.policy == MF_RECOMPUTE_SELECTIVE) {
@@ -453,9 +464,19 @@ void mf_block_backward(mf_model *m, mf_arena *a, int l, int B, int T) {
     float *dres = BUF(m->dres), *dln = BUF(m->dln), *dbig = moe ? NULL : BUF(m->dbig), *dqkv = BUF(m->dqkv);
     /* MLP: out = xmid + act(ln2 W1 [, ln2 Wup]) W2. h may live in dbig
      * itself: the projection reads it for dW2 before dh overwrites it. */
-    if (moe) mf_moe_block_backward(m, a, l, A, ln2, N);  /* d(ln2) into dln */
-    else proj_bwd(m, a, &c, l, MF_LT_DOWN, dbig, 0.0f, dres, C, h, N);
-    if (moe) {
+    if (moe || shared) mf_moe_block_backward(m, a, l, A, ln2, N);  /* d(ln2) into dln */
+    if (shared) {
+        /* Qwen2-MoE's shared expert: the gate's part of d(ln2) into dln, and
+         * d(its output) into sh_y's row; then its SwiGLU adds to dln */
+        float *shy = BUF(A->sh_y);
+        mf_moe_shared_gate_backward(dln, LG(l, MF_LT_SHGATE), shy, BUF(A->sh_s), dres, ln2, LP(l, MF_LT_SHGATE), N, C);
+        proj_bwd(m, a, &c, l, MF_LT_DOWN, dbig, 0.0f, shy, C, h, N);
+        float *up = BUF(A->up);
+        mf_swiglu_backward(fch, up, dbig, fch, up, (size_t)N * I);
+        proj_bwd(m, a, &c, l, MF_LT_GATE, dln, 1.0f, fch, I, ln2, N);
+        proj_bwd(m, a, &c, l, MF_LT_UP, dln, 1.0f, up, I, ln2, N);
+    } else if (!moe) proj_bwd(m, a, &c, l, MF_LT_DOWN, dbig, 0.0f, dres, C, h, N);
+    if (moe || shared) {
     } else if (c.bd->mlp == MF_MLP_SWIGLU) {
         float *up = BUF(A->up);
         mf_swiglu_backward(fch, up, dbig, fch, up, (size_t)N * I);

@@ -66,13 +66,14 @@ int mf_hf_read_config(const char *dir, mf_dims *d) {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(o, "model_type");
     const char *an = cJSON_IsString(a0) ? a0->valuestring : NULL, *mn = cJSON_IsString(mt) ? mt->valuestring : NULL;
     static const char *known[][2] = {{"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"},
-                                     {"MistralForCausalLM", "mistral"}, {"MixtralForCausalLM", "mixtral"}};
+                                     {"MistralForCausalLM", "mistral"}, {"MixtralForCausalLM", "mixtral"},
+                                     {"Qwen2MoeForCausalLM", "qwen2_moe"}};
     int k = -1;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if ((an && strcmp(an, known[i][0]) == 0) || (!an && mn && strcmp(mn, known[i][1]) == 0)) k = i;
     if (k < 0) {
         mf_fail("%s: architecture '%s' is not supported (memfit loads LlamaForCausalLM, Qwen2ForCausalLM, "
-                "MistralForCausalLM, MixtralForCausalLM folders; GPT-2 weights load as a .safetensors file)", path, an ? an : mn ? mn : "?");
+                "MistralForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM folders; GPT-2 weights load as a .safetensors file)", path, an ? an : mn ? mn : "?");
         goto out;
     }
     snprintf(d->hf_arch, sizeof d->hf_arch, "%s", known[k][0]);
@@ -105,9 +106,10 @@ int mf_hf_read_config(const char *dir, mf_dims *d) {
     if (tw && !cJSON_IsBool(tw)) { mf_fail("%s: 'tie_word_embeddings' must be true or false", path); goto out; }
     /* q/k/v biases: Qwen2 always; Llama when attention_bias (which would
      * also put one on o_proj: refused below) */
-    d->qkv_bias = k == 1;
+    int qwen = k == 1 || k == 4;  /* Qwen2, Qwen2-MoE */
+    d->qkv_bias = qwen;
     const cJSON *ab = cJSON_GetObjectItemCaseSensitive(o, "attention_bias");
-    if (k != 1 && cJSON_IsTrue(ab)) {
+    if (!qwen && cJSON_IsTrue(ab)) {
         mf_fail("%s: attention_bias true (biases on q, k, v and o_proj) is not supported; Qwen2's q/k/v biases are", path);
         goto out;
     }
@@ -116,11 +118,11 @@ int mf_hf_read_config(const char *dir, mf_dims *d) {
     /* Qwen2 configs carry a sliding_window that is off unless
      * use_sliding_window, and then only from layer max_window_layers up:
      * per-layer windows are not supported, so that case is refused */
-    if (k == 1 && cJSON_IsTrue(usw)) {
+    if (qwen && cJSON_IsTrue(usw)) {
         mf_fail("%s: use_sliding_window true (Qwen2's per-layer sliding window) is not supported", path);
         goto out;
     }
-    if (sw && !cJSON_IsNull(sw) && k != 1) {
+    if (sw && !cJSON_IsNull(sw) && !qwen) {
         if (!cJSON_IsNumber(sw) || sw->valuedouble < 0 || sw->valuedouble > (1 << 24)) {
             mf_fail("%s: 'sliding_window' must be a whole number >= 0 or null", path);
             goto out;
@@ -171,6 +173,34 @@ int mf_hf_read_config(const char *dir, mf_dims *d) {
         if ((r = num(o, "router_z_loss_coef", 0, 1e6, &x, path)) < 0) goto out;
         if (!r) d->z_coef = (float)x;
     }
+    if (k == 4) {
+        /* Qwen2-MoE (Qwen2MoeConfig): num_experts routed experts of
+         * moe_intermediate_size, a shared expert of
+         * shared_expert_intermediate_size; top-k weights renormalised only
+         * with norm_topk_prob (default false); aux coef default 0.001. Every
+         * layer must be sparse (intermediate_size is then unused). */
+        if (need_int(o, "num_experts", 1, 1 << 16, &d->n_experts, path) ||
+            need_int(o, "num_experts_per_tok", 1, 1 << 16, &d->top_k, path) ||
+            need_int(o, "moe_intermediate_size", 1, 1 << 22, &d->ffn, path) ||
+            need_int(o, "shared_expert_intermediate_size", 1, 1 << 22, &d->shared_ffn, path))
+            goto out;
+        const cJSON *nt = cJSON_GetObjectItemCaseSensitive(o, "norm_topk_prob");
+        if (nt && !cJSON_IsBool(nt)) { mf_fail("%s: 'norm_topk_prob' must be true or false", path); goto out; }
+        d->norm_topk_prob = cJSON_IsTrue(nt);
+        double step = 1;
+        if ((r = num(o, "decoder_sparse_step", 0, 1 << 16, &step, path)) < 0) goto out;
+        const cJSON *mo = cJSON_GetObjectItemCaseSensitive(o, "mlp_only_layers");
+        if (step != 1 || (mo && !cJSON_IsNull(mo) && (!cJSON_IsArray(mo) || cJSON_GetArraySize(mo) > 0))) {
+            mf_fail("%s: decoder_sparse_step %g / mlp_only_layers: only models whose every layer is sparse load (dense "
+                    "MLP layers between the mixtures are not supported)", path, step);
+            goto out;
+        }
+        d->aux_coef = 0.001f;
+        if ((r = num(o, "router_aux_loss_coef", 0, 1e6, &x, path)) < 0) goto out;
+        if (!r) d->aux_coef = (float)x;
+        if ((r = num(o, "router_z_loss_coef", 0, 1e6, &x, path)) < 0) goto out;
+        if (!r) d->z_coef = (float)x;
+    }
     snprintf(d->tokenizer, sizeof d->tokenizer, "gpt2");
     if (mf_model_dims_check(d)) {
         char msg[512];
@@ -188,18 +218,22 @@ int mf_hf_write_config(const char *path, const mf_dims *d) {
     if (d->arch != MF_ARCH_LLAMA) return mf_fail("config.json is written for Llama-family models only");
     cJSON *o = cJSON_CreateObject();
     cJSON *ar = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(ar, cJSON_CreateString(d->n_experts > 0 ? "MixtralForCausalLM"
+    int qm = d->n_experts > 0 && d->shared_ffn > 0;  /* Qwen2-MoE */
+    cJSON_AddItemToArray(ar, cJSON_CreateString(qm ? "Qwen2MoeForCausalLM" : d->n_experts > 0 ? "MixtralForCausalLM"
                                                  : d->hf_arch[0] ? d->hf_arch : "LlamaForCausalLM"));
-    const char *mt = d->n_experts > 0                                ? "mixtral"
+    const char *mt = qm                                              ? "qwen2_moe"
+                     : d->n_experts > 0                              ? "mixtral"
                      : strcmp(d->hf_arch, "Qwen2ForCausalLM") == 0   ? "qwen2"
                      : strcmp(d->hf_arch, "MistralForCausalLM") == 0 ? "mistral"
                                                                       : "llama";
-    if (d->n_experts > 0 && !d->norm_topk_prob)
+    if (d->n_experts > 0 && !qm && !d->norm_topk_prob)
         return mf_fail("config.json: MixtralForCausalLM always renormalises its top-k weights (norm_topk_prob 0 has no "
                        "Mixtral config key)");
     cJSON_AddStringToObject(o, "model_type", mt);
     cJSON_AddNumberToObject(o, "hidden_size", d->C);
-    cJSON_AddNumberToObject(o, "intermediate_size", d->ffn);
+    /* Qwen2-MoE: intermediate_size is a dense layer's width, unused when
+     * every layer is sparse; written as the shared expert's */
+    cJSON_AddNumberToObject(o, "intermediate_size", qm ? d->shared_ffn : d->ffn);
     cJSON_AddNumberToObject(o, "num_hidden_layers", d->L);
     cJSON_AddNumberToObject(o, "num_attention_heads", d->NH);
     cJSON_AddNumberToObject(o, "num_key_value_heads", d->NKV);
@@ -218,10 +252,21 @@ int mf_hf_write_config(const char *path, const mf_dims *d) {
     } else cJSON_AddNullToObject(o, "rope_scaling");
     cJSON_AddBoolToObject(o, "tie_word_embeddings", d->tied);
     if (strcmp(mt, "llama") == 0) cJSON_AddBoolToObject(o, "attention_bias", 0);
-    if (strcmp(mt, "qwen2") == 0) cJSON_AddBoolToObject(o, "use_sliding_window", 0);
+    if (strcmp(mt, "qwen2") == 0 || qm) cJSON_AddBoolToObject(o, "use_sliding_window", 0);
     if (d->window) cJSON_AddNumberToObject(o, "sliding_window", d->window);
     else if (strcmp(mt, "mistral") == 0 || strcmp(mt, "mixtral") == 0) cJSON_AddNullToObject(o, "sliding_window");
-    if (d->n_experts > 0) {
+    if (qm) {
+        cJSON_AddNumberToObject(o, "num_experts", d->n_experts);
+        cJSON_AddNumberToObject(o, "num_experts_per_tok", d->top_k);
+        cJSON_AddNumberToObject(o, "moe_intermediate_size", d->ffn);
+        cJSON_AddNumberToObject(o, "shared_expert_intermediate_size", d->shared_ffn);
+        cJSON_AddBoolToObject(o, "norm_topk_prob", d->norm_topk_prob);
+        cJSON_AddNumberToObject(o, "decoder_sparse_step", 1);
+        cJSON_AddItemToObject(o, "mlp_only_layers", cJSON_CreateArray());
+        cJSON_AddNumberToObject(o, "router_aux_loss_coef", d->aux_coef);
+        if (d->z_coef > 0) cJSON_AddNumberToObject(o, "router_z_loss_coef", d->z_coef);
+        cJSON_AddBoolToObject(o, "output_router_logits", d->aux_coef > 0);
+    } else if (d->n_experts > 0) {
         cJSON_AddNumberToObject(o, "num_local_experts", d->n_experts);
         cJSON_AddNumberToObject(o, "num_experts_per_tok", d->top_k);
         cJSON_AddNumberToObject(o, "router_aux_loss_coef", d->aux_coef);

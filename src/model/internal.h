@@ -57,6 +57,14 @@ void mf_block_forward(mf_model *m, mf_arena *a, int l, int B, int T, int recompu
 void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2,
                           const float *xmid, float *out, int N, int recompute);
 void mf_moe_block_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2, int N);
+/* Qwen2-MoE's shared-expert gate (moe_shared.c), on N rows of C: forward
+ * s = sigmoid(x wg^T) (wg (1,C)) and out += s * y (out NULL: s only);
+ * backward, from d(out) in dout: dx += dg wg, dwg += dg^T x with
+ * dg = s (1 - s) (dout . y), and y's row overwritten by d(y) = s * dout
+ * (s's row by dg: both rows' last reader). */
+void mf_moe_shared_gate_forward(float *out, float *s, const float *y, const float *x, const float *wg, int N, int C);
+void mf_moe_shared_gate_backward(float *dx, float *dwg, float *y, float *s, const float *dout, const float *x,
+                                 const float *wg, int N, int C);
 /* Layer l's experts for the kernels (moe_lora.c): fp32 stacks into w1, w3,
  * w2, or (quantised base) NULLs and a hook that dequantises one expert at a
  * time into the phase's work.moe.dequant row; LoRA hooks when the experts

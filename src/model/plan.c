@@ -128,7 +128,9 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     /* the mixture of experts' router stays fp32 under a quantised base (it
      * is small); the experts are stored quantised and dequantised a layer
      * at a time into work.moe.dequant (moe_block.c) */
-    if (strstr(name, ".block_sparse_moe.gate.")) t->qkind = 0;
+    if (strstr(name, ".block_sparse_moe.gate.") || strstr(name, ".mlp.gate.")) t->qkind = 0;
+    /* Qwen2-MoE's shared-expert gate is one row (1,C): fp32 too */
+    if (strstr(name, ".mlp.shared_expert_gate.")) t->qkind = 0;
     /* a Llama's frozen embedding and head under a quantised base: bf16
      * (a gather reads rows, so no block format; the issue's "bf16
      * embeddings" for QLoRA). GPT-2 keeps them fp32. */
@@ -385,12 +387,12 @@ static void declare_gpt2_tensors(mf_model *m, adder *ad) {
     add_tensor_role(m, ad, "wte.weight", MF_ROLE_EMB, -1, 2, d->Vp, C, d->V, 1);
     m->t_pos = m->n_tensors;
     add_tensor_role(m, ad, "wpe.weight", MF_ROLE_POS, -1, 2, d->maxT, C, d->maxT, 1);
-    m->t_layer0 = m->n_tensors, m->nlt = MF_LAYER_TENSORS;
+    m->t_layer0 = m->n_tensors, m->nlt = 12;
     /* the block's tensors in file order, by what they do (blocks.c) */
-    static const int order[MF_LAYER_TENSORS] = {MF_LT_LN1, MF_LT_LN1B, MF_LT_Q, MF_LT_QB, MF_LT_O, MF_LT_OB,
+    static const int order[12] = {MF_LT_LN1, MF_LT_LN1B, MF_LT_Q, MF_LT_QB, MF_LT_O, MF_LT_OB,
                                                 MF_LT_LN2, MF_LT_LN2B, MF_LT_GATE, MF_LT_GATEB, MF_LT_DOWN, MF_LT_DOWNB};
     for (int k = 0; k < MF_LT_COUNT; k++) m->lt[k] = -1;
-    for (int k = 0; k < MF_LAYER_TENSORS; k++) m->lt[order[k]] = k;
+    for (int k = 0; k < 12; k++) m->lt[order[k]] = k;
     for (int l = 0; l < mf_model_weight_sets(d); l++) {  /* shared: only the sets exist */
         char nm[48];
 #define LT(suffix, nd, a0, a1, dec) \
@@ -445,32 +447,53 @@ static void declare_llama_tensors(mf_model *m, adder *ad) {
         for (int k = 0; k <= MF_LT_LN2; k++)
             if (m->lt[k] >= 0) m->lt[k] = n++;
         for (int k = MF_LT_ROUTER; k <= MF_LT_W2; k++) m->lt[k] = n++;
+        /* Qwen2-MoE: the shared expert's gate/up/down and its gate */
+        if (d->shared_ffn > 0)
+            for (int k = MF_LT_GATE; k <= MF_LT_DOWN; k++) m->lt[k] = n++;
+        if (d->shared_ffn > 0) m->lt[MF_LT_SHGATE] = n++;
     }
     m->nlt = n;
     for (int l = 0; l < mf_model_weight_sets(d); l++) {  /* shared: only the sets exist */
         for (int k = 0; k < MF_LT_COUNT; k++) {
             if (m->lt[k] < 0 || k >= MF_LT_ROUTER) continue;
+            if (E > 0 && k >= MF_LT_GATE && k <= MF_LT_DOWN) continue;  /* Qwen2-MoE's shared expert: below */
             char nm[96];
             snprintf(nm, sizeof nm, "model.layers.%d.%s", l, nm_[k]);
             add_tensor(m, ad, nm, l, cols[k] ? 2 : 1, rows[k], cols[k], rows[k], cols[k] ? 1 : 0);
         }
         if (E <= 0) continue;
         char nm[96];
-        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        /* Qwen2-MoE's names: mlp.gate, mlp.experts.{gate,up,down}_proj (stacked) */
+        int q = d->shared_ffn > 0;
+        const char *blk = q ? "mlp" : "block_sparse_moe", *wn[3] = {"w1", "w3", "w2"};
+        if (q) wn[0] = "gate_proj", wn[1] = "up_proj", wn[2] = "down_proj";
+        snprintf(nm, sizeof nm, "model.layers.%d.%s.gate.weight", l, blk);
         add_tensor(m, ad, nm, l, 2, E, C, E, 1);
         /* expert parallel: this rank's E / ep experts of each stack, the
          * elements [ep_lo, ep_lo + numel) of the whole one */
         int64_t P = d->ep > 1 ? d->ep : 1, El = E / P, g = m->opt.rank % P;
-        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.w1.weight", l);
+        snprintf(nm, sizeof nm, "model.layers.%d.%s.experts.%s.weight", l, blk, wn[0]);
         add_tensor(m, ad, nm, l, 2, El * I, C, El * I, 1);
-        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.w3.weight", l);
+        snprintf(nm, sizeof nm, "model.layers.%d.%s.experts.%s.weight", l, blk, wn[1]);
         add_tensor(m, ad, nm, l, 2, El * I, C, El * I, 1);
-        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.w2.weight", l);
+        snprintf(nm, sizeof nm, "model.layers.%d.%s.experts.%s.weight", l, blk, wn[2]);
         add_tensor(m, ad, nm, l, 2, El * C, I, El * C, 1);
         for (int k = 1; P > 1 && k <= 3; k++) {
             mf_tensor *t = &m->tensors[m->n_tensors - k];
             t->ep_full = t->numel * P, t->ep_lo = t->numel * g;
         }
+        if (!q) continue;
+        /* the shared expert (S = shared_expert_intermediate_size), replicated
+         * like attention under expert parallelism, and its (1,C) gate */
+        int64_t S = d->shared_ffn;
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
+        add_tensor(m, ad, nm, l, 2, S, C, S, 1);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
+        add_tensor(m, ad, nm, l, 2, S, C, S, 1);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+        add_tensor(m, ad, nm, l, 2, C, S, C, 1);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+        add_tensor(m, ad, nm, l, 2, 1, C, 1, 1);
     }
     m->t_normf = m->n_tensors, m->n_normf = 1;
     add_tensor_role(m, ad, "model.norm.weight", MF_ROLE_NORMF, -1, 1, C, 0, C, 0);
@@ -570,13 +593,23 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         int moe = bd->mlp == MF_MLP_MOE;
         unsigned own = moe ? MF_LORA_ATTN_TARGETS | MF_LORA_MOE_TARGETS
                            : llama ? MF_LORA_LLAMA_TARGETS : MF_LORA_GPT2_TARGETS;
+        if (moe && d->shared_ffn > 0) {
+            /* Qwen2-MoE: the shared expert's gate_proj, up_proj, down_proj
+             * (the dense hooks); the routed experts take none yet (w1/w2/w3
+             * are Mixtral's names, PEFT's here would be experts.{e}.gate_proj) */
+            own = MF_LORA_LLAMA_TARGETS;
+            if (lora->targets & MF_LORA_MOE_TARGETS)
+                return mf_fail("lora: targets w1, w2, w3 (Mixtral's expert names) are not modules of a Qwen2-MoE model; "
+                               "its shared expert takes gate_proj, up_proj, down_proj (routed experts: none yet)");
+        }
         if (!m->lora.targets_given && llama) m->lora.targets = 1u << MF_LORA_Q_PROJ | 1u << MF_LORA_V_PROJ;
         if (m->lora.targets & ~own) {
             char tg[160];
             return mf_fail("lora: targets %s are not modules of a %s model (its targets: %s)",
                            mf_lora_targets_str(&m->lora, tg, sizeof tg),
                            moe ? "mixture-of-experts" : llama ? "Llama-family" : "GPT-2",
-                           moe ? "q_proj, k_proj, v_proj, o_proj, w1, w2, w3"
+                           moe && d->shared_ffn > 0 ? "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
+                           : moe ? "q_proj, k_proj, v_proj, o_proj, w1, w2, w3"
                                : llama ? "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
                                        : "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj");
         }
@@ -608,6 +641,9 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (mode == MF_MODE_TRAIN && m->opt.grad16 && d->share && d->share < d->L)
         return mf_fail("grad_dtype bf16 with share_layers %d is not supported (a shared set's gradient would be "
                        "rounded once per block); use grad_dtype fp32", d->share);
+    if (d->shared_ffn > 0 && m->cdt != MF_DTYPE_F32)  /* moe_shared.c's gate reads fp32 rows */
+        return mf_fail("precision %s: Qwen2-MoE's shared expert is fp32 only (use --precision fp32)",
+                       m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16");
     if (d->n_experts > 0 && m->cdt != MF_DTYPE_F32)
         return mf_fail("precision %s: the mixture-of-experts kernels are fp32 only (use --precision fp32)",
                        m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16");
@@ -640,6 +676,8 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     int64_t C = d->C, N = (int64_t)B * T, NH = d->NH;
     /* widths: q|k|v rows, attention output, MLP hidden */
     int64_t QKV = (int64_t)(d->NH + 2 * d->NKV) * d->hd, AO = (int64_t)d->NH * d->hd, I = d->ffn;
+    /* the dense MLP rows' width (a mixture's: its shared expert's, Qwen2-MoE) */
+    int64_t MI = bd->mlp == MF_MLP_MOE ? d->shared_ffn : I;
     int nlora = m->lora.r > 0 ? 2 * L * mf_lora_n_targets(&m->lora) : 0;
     m->tensors = calloc((size_t)(2 + L * MF_LAYER_TENSORS + 3 + nlora), sizeof *m->tensors);
     m->res = calloc(2 * ((size_t)L + 1), sizeof *m->res);
@@ -667,9 +705,14 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             /* an expert target's adapters stack the E experts' (expert
              * after expert, as the base stacks are): A (E*r, in), B (E*out, r) */
             int64_t ne = MF_LORA_MOE_TARGETS >> k & 1 ? d->n_experts : 1;
-            snprintf(nm, sizeof nm, "%s.%d.%s.lora_A.weight", pre, l, mf_lora_target_path(k));
+            /* Qwen2-MoE: gate/up/down_proj are the shared expert's (PEFT: mlp.shared_expert.gate_proj) */
+            char path[64];
+            snprintf(path, sizeof path, "%s", mf_lora_target_path(k));
+            if (d->shared_ffn > 0 && MF_LORA_LLAMA_TARGETS >> k & 1 && !(MF_LORA_ATTN_TARGETS >> k & 1))
+                snprintf(path, sizeof path, "mlp.shared_expert.%s", mf_lora_target_path(k) + 4);
+            snprintf(nm, sizeof nm, "%s.%d.%s.lora_A.weight", pre, l, path);
             add_tensor(m, &ad, nm, l, 2, ne * r, in, ne * r, 1);
-            snprintf(nm, sizeof nm, "%s.%d.%s.lora_B.weight", pre, l, mf_lora_target_path(k));
+            snprintf(nm, sizeof nm, "%s.%d.%s.lora_B.weight", pre, l, path);
             add_tensor(m, &ad, nm, l, 2, ne * out, r, ne * out, 1);
         }
 
@@ -801,6 +844,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         ACT(ln2_rstd, 0, -1, F, 1, N, 0, 0, 0);
         for (int b = 0; b < MF_MOE_BUF_COUNT; b++) A->moe[b] = R->moe[b] = -1;
         for (int b = 0; b < 4; b++) A->moe_ep[b] = R->moe_ep[b] = -1;
+        A->sh_y = R->sh_y = A->sh_s = R->sh_s = -1;
         if (bd->mlp == MF_MLP_MOE) {
             A->fch = R->fch = A->fch_gelu = R->fch_gelu = -1;
             moe_layer_rows(m, &ad, l, A, R, whole, s, f, e, fw, bw, moe_bytes);
@@ -817,11 +861,15 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                                                       epl[b], 0, 0, 0, f, e, l);
                 }
             }
-            continue;
+            if (!d->shared_ffn) continue;
+            /* Qwen2-MoE's shared expert: a SwiGLU of width shared_ffn on the
+             * dense rows below, its output and its gate (moe_shared.c) */
+            ACT(sh_y, 0, -1, F, 2, N, C, 0, 0);
+            ACT(sh_s, 0, -1, F, 1, N, 0, 0, 0);
         }
-        ACT(fch, 0, -1, F, 2, N, I, 0, 0);
-        if (bd->mlp == MF_MLP_SWIGLU) { ACT(up, 0, -1, F, 2, N, I, 0, 0); }
-        ACT(fch_gelu, 1, whole ? A->fch : -1, H, 2, N, I, 0, 0);
+        ACT(fch, 0, -1, F, 2, N, MI, 0, 0);
+        if (bd->mlp != MF_MLP_GELU) { ACT(up, 0, -1, F, 2, N, MI, 0, 0); }
+        ACT(fch_gelu, 1, whole ? A->fch : -1, H, 2, N, MI, 0, 0);
 #undef ACT
     }
     int hf = mf_phase_head_fwd(m), hb = train ? mf_phase_head_bwd(m) : hf;
@@ -854,7 +902,8 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                 m->moe_work[b] = add(&ad, nm, MF_CAT_WORK, MF_DTYPE_F32, 1, (int64_t)(moe_bytes[b] / 4), 0, 0, 0, l0,
                                      l1, -1);
             }
-        else m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, I, 0, 0, l0, l1, -1);
+        if (bd->mlp != MF_MLP_MOE || MI > 0)  /* a dense MLP, or Qwen2-MoE's shared expert */
+            m->dbig = add(&ad, "work.dmlp", MF_CAT_WORK, MF_DTYPE_F32, 2, N, MI, 0, 0, l0, l1, -1);
         if (ep) {
             /* the exchange's rows (moe_ep.c): received rows and the owner's
              * outputs or input gradients in arrival order, the grouped

@@ -79,8 +79,13 @@ static int read_row(void *ctx, uint64_t off, void *buf, size_t len) {
  * name, or -1; the HF name of expert e. */
 static int moe_expert_slot(const char *name) {
     const char *p = strstr(name, ".block_sparse_moe.experts.w");
-    if (!p || strlen(p) != strlen(".block_sparse_moe.experts.w1.weight")) return -1;
-    return (int)(p - name) + (int)strlen(".block_sparse_moe.experts");
+    if (p && strlen(p) == strlen(".block_sparse_moe.experts.w1.weight")) return (int)(p - name) + (int)strlen(".block_sparse_moe.experts");
+    /* Qwen2-MoE: mlp.experts.gate_proj.weight -> mlp.experts.{e}.gate_proj.weight */
+    static const char *const q[3] = {".mlp.experts.gate_proj.weight", ".mlp.experts.up_proj.weight",
+                                     ".mlp.experts.down_proj.weight"};
+    for (int k = 0; k < 3; k++)
+        if ((p = strstr(name, q[k])) && strlen(p) == strlen(q[k])) return (int)(p - name) + (int)strlen(".mlp.experts");
+    return -1;
 }
 static void moe_expert_name(char *out, const char *stacked, int e) {
     int at = moe_expert_slot(stacked);
