@@ -46,11 +46,8 @@ int mf_dist_ep_check(const mf_config *cfg, int world, int train) {
         return mf_fail("expert_parallel %d with recompute '%s' is not supported (a rebuilt block would exchange its "
                        "tokens again); use recompute none or selective", n, cfg->recompute);
     if (!train) return 0;
-    if (cfg->out_dir[0] || cfg->resume[0])
-        return mf_fail("expert_parallel %d: checkpoints and weights files are not written yet (each rank holds only "
-                       "its experts); drop --out_dir and --resume", n);
-    if (cfg->init[0]) return mf_fail("expert_parallel %d: --init is not supported yet (each rank would load only its "
-                                     "experts); start from the seed", n);
+    /* --init, --out_dir and --resume: each rank loads and the first group
+     * writes only its own experts (train/checkpoint.c) */
     if (cfg->adapter[0] || cfg->save_adapter[0]) return mf_fail("expert_parallel %d: adapters are not supported", n);
     return 0;
 }

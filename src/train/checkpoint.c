@@ -21,6 +21,7 @@
 #include "memfit/train.h"
 #include "kernels/half.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <sys/mman.h>
@@ -34,6 +35,18 @@
 /* ZeRO >= 1 on more than one rank: one checkpoint file per rank */
 static int sharded(const mf_trainer *t) { return t->world > 1 && t->model.opt.zero >= 1; }
 static int zero3(const mf_trainer *t) { return t->world > 1 && t->model.opt.zero >= 3; }
+/* Expert parallel (--expert_parallel N, docs/moe.md): the group's size and
+ * this rank's place in it; rank r holds the experts of group rank r % N */
+static int ep_n(const mf_trainer *t) { return t->world > 1 && t->model.d.ep > 1 ? t->model.d.ep : 1; }
+static int ep_g(const mf_trainer *t) { return t->rank % ep_n(t); }
+/* the file of group rank g's experts beside checkpoint PATH:
+ * PATH with ".experts<g>-of-<N>" before ".safetensors" (g > 0; rank 0's
+ * experts are in PATH itself) */
+static void ep_path(const char *path, int g, int n, char *out, size_t cap) {
+    size_t len = strlen(path), ext = strlen(".safetensors");
+    int has = len > ext && strcmp(path + len - ext, ".safetensors") == 0;
+    snprintf(out, cap, "%.*s.experts%d-of-%d%s", (int)(has ? len - ext : len), path, g, n, has ? ".safetensors" : "");
+}
 
 void mf_trainer_shard_path(const char *path, int rank, int world, char *out, size_t n) {
     size_t len = strlen(path), ext = strlen(".safetensors");
@@ -96,9 +109,13 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
                        int with_optim) {
     const mf_model *m = &t->model;
     int n = 0;
+    /* expert parallel: group rank g > 0 writes only its experts (rank 0
+     * the rest, which every rank holds alike) */
+    const int epo = ep_n(t) > 1 && ep_g(t) > 0;
     for (int i = 0; i < m->n_tensors; i++) {
         const mf_tensor *x = &m->tensors[i];
         if (x->lora && !with_optim) continue;  /* weights files hold the base; adapters go to --save-adapter */
+        if (epo && x->ep_full <= 0) continue;
         if (x->qkind && with_optim) {
             /* a quantised base in a checkpoint: its packed bytes, under its plan row's name */
             const mf_buf *b = &t->plan.bufs[x->p];
@@ -125,9 +142,11 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
         if (!with_optim && E > 0 && !x->qkind && !zero3(t) && moe_expert_slot(x->name) >= 0) {
             /* a weights file is an HF folder's: Mixtral's experts one
              * tensor each (experts.{e}.w1.weight), slices of the stack */
-            int64_t rows = x->shape[0] / E;
-            for (int ex = 0; ex < E; ex++, n++) {
-                moe_expert_name(names[n], x->name, ex);
+            /* (expert parallel: this rank's E / N experts from g * E / N) */
+            int El = E / ep_n(t), e0 = ep_g(t) * El;
+            int64_t rows = x->shape[0] / El;
+            for (int ex = 0; ex < El; ex++, n++) {
+                moe_expert_name(names[n], x->name, e0 + ex);
                 e[n] = (mf_st_entry){.name = names[n], .dtype = wdt, .ndim = 2, .shape = {rows, x->shape[1]},
                                      .data = (char *)mf_arena_ptr(&t->arena, wr) +
                                              (size_t)(ex * rows * x->shape[1]) * mf_dtype_size(wdt),
@@ -160,6 +179,7 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
         n++;
     }
     for (int i = 0; with_optim && i < m->n_tensors; i++) {
+        if (epo && m->tensors[i].ep_full <= 0) continue;
         for (int k = 0; k < MF_OPTIM_STATES; k++) {
             int id = m->tensors[i].st[k];
             if (id < 0) continue;
@@ -182,7 +202,11 @@ static int add_entries(const mf_trainer *t, mf_st_entry *e, row_reader *rd, para
     return n;
 }
 
+static int write_file(const mf_trainer *t, const char *path, int with_optim);
+static int save_ep(const mf_trainer *t, const char *path_in, int with_optim);
+
 static int save(const mf_trainer *t, const char *path_in, int with_optim) {
+    if (ep_n(t) > 1) return save_ep(t, path_in, with_optim);
     char path[MF_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s", path_in);
     if (t->world > 1 && with_optim && sharded(t)) mf_trainer_shard_path(path_in, t->rank, t->world, path, sizeof path);
@@ -192,6 +216,80 @@ static int save(const mf_trainer *t, const char *path_in, int with_optim) {
             if (gather_tensor((mf_trainer *)t, i)) return -1;
         return 0;
     }
+    return write_file(t, path, with_optim);
+}
+
+/* The weights' HF index (model.safetensors.index.json) of an expert-parallel
+ * run: every tensor of the model by its HF name, expert e in the shard of
+ * group rank e / (E / N), the rest in rank 0's */
+static int write_ep_index(const mf_trainer *t, const char *dir, int N) {
+    const mf_model *m = &t->model;
+    const int E = m->d.n_experts, El = E / N;
+    cJSON *o = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(o, "metadata"), *wm = cJSON_AddObjectToObject(o, "weight_map");
+    double total = 0;
+    char file[64], nm[96];
+    for (int i = 0; i < m->n_tensors; i++) {
+        const mf_tensor *x = &m->tensors[i];
+        if (x->lora) continue;
+        size_t es = mf_dtype_size(t->plan.bufs[mf_tensor_weights_row(x)].dtype);
+        if (x->ep_full > 0 && moe_expert_slot(x->name) >= 0) {
+            for (int ex = 0; ex < E; ex++) {
+                moe_expert_name(nm, x->name, ex);
+                snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", ex / El + 1, N);
+                cJSON_AddStringToObject(wm, nm, file);
+            }
+            total += (double)x->numel * N * es;
+            continue;
+        }
+        snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", 1, N);
+        cJSON_AddStringToObject(wm, x->name, file);
+        total += (double)(x->rows_file * (x->ndim > 1 ? x->shape[1] : 1)) * es;
+    }
+    cJSON_AddNumberToObject(md, "total_size", total);
+    char *txt = cJSON_Print(o);
+    cJSON_Delete(o);
+    char path[MF_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (!txt) return mf_fail("out of memory writing %s", path);
+    mf_atomic_file af;
+    int rc = mf_atomic_open(&af, path);
+    if (!rc) {
+        if (fputs(txt, af.fp) < 0 || fputc('\n', af.fp) < 0) { mf_atomic_abort(&af); rc = mf_fail("%s: write failed", path); }
+        else rc = mf_atomic_commit(&af);
+    }
+    free(txt);
+    return rc;
+}
+
+/* Expert parallel: the first expert group writes, each of its ranks its own
+ * experts (their weights and optimizer state), rank 0 also everything else;
+ * the other groups' ranks hold copies of the same and write nothing, so
+ * every expert is written once and no rank holds another's experts (no
+ * gather: nothing beyond the plan). A checkpoint PATH is rank 0's file plus
+ * PATH.experts<g>-of-<N>.safetensors of group rank g > 0; a weights file
+ * DIR/model.safetensors becomes the HF shards DIR/model-<g+1>-of-<N>.safetensors
+ * and their index, which rank 0 writes once every shard is in place. Each
+ * file is written atomically (a crash leaves the previous one); a resume
+ * refuses files of different steps. */
+static int save_ep(const mf_trainer *t, const char *path_in, int with_optim) {
+    const int N = ep_n(t), g = ep_g(t);
+    char path[MF_PATH_MAX + 64], dir[MF_PATH_MAX + 64];
+    const char *sl = strrchr(path_in, '/');
+    snprintf(dir, sizeof dir, "%.*s", sl ? (int)(sl - path_in) : 1, sl ? path_in : ".");
+    if (!with_optim) snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", dir, g + 1, N);
+    else if (g) ep_path(path_in, g, N, path, sizeof path);
+    else snprintf(path, sizeof path, "%s", path_in);
+    int rc = t->rank < N ? write_file(t, path, with_optim) : 0;
+    char msg[512] = "";
+    if (rc) snprintf(msg, sizeof msg, "%s", mf_error());
+    double bad = rc != 0;  /* every rank learns whether the group wrote */
+    if (mf_dist_sum_doubles(&bad, 1)) return -1;
+    if (rc) return mf_fail("%s", msg);
+    if (bad > 0) return mf_fail("%s: a rank of the first expert group failed to write its experts", path_in);
+    return !with_optim && t->rank == 0 ? write_ep_index(t, dir, N) : 0;
+}
+
+static int write_file(const mf_trainer *t, const char *path, int with_optim) {
     /* (a weights file writes each of E experts' slices of the 3 stacks as its own tensor) */
     int nt = t->model.n_tensors * (with_optim ? 1 + MF_OPTIM_STATES : 1) + 3 * t->d.L * t->model.d.n_experts;
     mf_st_entry *e = calloc((size_t)nt, sizeof *e);
@@ -204,7 +302,9 @@ static int save(const mf_trainer *t, const char *path_in, int with_optim) {
         return mf_fail("out of memory writing %s", path);
     }
     int n = add_entries(t, e, rd, pr, names, with_optim);
-    char dims[256], step[32], pos[32], rng[32], world[16], rank[16], zero[16];
+    char dims[256], step[32], pos[32], rng[32], world[16], rank[16], zero[16], epn[16], epg[16];
+    snprintf(epn, sizeof epn, "%d", ep_n(t));
+    snprintf(epg, sizeof epg, "%d", ep_g(t));
     snprintf(world, sizeof world, "%d", sharded(t) ? t->world : 1);
     snprintf(rank, sizeof rank, "%d", sharded(t) ? t->rank : 0);
     snprintf(zero, sizeof zero, "%d", sharded(t) ? t->model.opt.zero : 0);
@@ -217,10 +317,10 @@ static int save(const mf_trainer *t, const char *path_in, int with_optim) {
     snprintf(scaler, sizeof scaler, "%.9g,%d,%lld", (double)t->scaler.scale, t->scaler.clean, (long long)t->scaler.skipped);
     int rc = mf_config_to_yaml(&t->cfg, cfg, 1 << 16);
     const char *keys[] = {"format", "dims", "tokenizer", "step", "data_pos", "rng", "optimizer", "config",
-                          "world_size", "rank", "zero", "loss_scaler"};
+                          "world_size", "rank", "zero", "loss_scaler", "expert_parallel", "expert_rank"};
     const char *vals[] = {with_optim ? CKPT_FORMAT : "memfit-weights-1", dims, t->d.tokenizer, step, pos, rng,
-                          mf_optim_name(t->model.opt.kind), cfg, world, rank, zero, scaler};
-    if (rc == 0) rc = mf_st_write(path, e, n, keys, vals, with_optim ? 12 : 3);
+                          mf_optim_name(t->model.opt.kind), cfg, world, rank, zero, scaler, epn, epg};
+    if (rc == 0) rc = mf_st_write(path, e, n, keys, vals, with_optim ? 14 : 3);
     free(pr);
     free(e);
     free(names);
@@ -449,10 +549,12 @@ static int load_hf_folder(mf_trainer *t, const char *dir) {
         const mf_st_tensor *s = NULL;
         int k = 0;
         if (t->model.d.n_experts > 0 && moe_expert_slot(x->name) >= 0) {
-            /* Mixtral: expert e's tensor into its slice of the stack */
-            int E = t->model.d.n_experts;
+            /* Mixtral: expert e's tensor into its slice of the stack;
+             * expert parallel: only this rank's E / N experts from
+             * g * E / N are read (the others' tensors are not touched) */
+            int E = t->model.d.n_experts, El = E / ep_n(t), e0 = ep_g(t) * El;
             mf_tensor xe = *x;
-            xe.shape[0] = xe.rows_file = x->shape[0] / E;
+            xe.shape[0] = xe.rows_file = x->shape[0] / El;
             xe.numel = xe.shape[0] * x->shape[1];
             xe.qkind = 0;
             if (x->ps >= 0) { rc = mf_fail("%s: Mixtral experts do not load under ZeRO 3 yet", dir); break; }
@@ -460,9 +562,9 @@ static int load_hf_folder(mf_trainer *t, const char *dir) {
                 rc = load_experts_quant(t, f, opened, files, dir, x);
                 continue;
             }
-            for (int ex = 0; ex < E && !rc; ex++) {
+            for (int ex = 0; ex < El && !rc; ex++) {
                 char nm[96];
-                moe_expert_name(nm, x->name, ex);
+                moe_expert_name(nm, x->name, e0 + ex);
                 s = NULL;
                 for (k = 0; k < opened && !s; k++) s = mf_st_find(&f[k], nm);
                 if (!s) rc = mf_fail("%s: tensor '%s' is missing (config.json describes a model that has it)", dir, nm);
@@ -567,6 +669,30 @@ int mf_trainer_load_checkpoint(mf_trainer *t, const char *path_in) {
     }
     const char *fmt = mf_st_meta(&f, "format"), *dims = mf_st_meta(&f, "dims"), *opt = mf_st_meta(&f, "optimizer");
     const char *step = mf_st_meta(&f, "step"), *pos = mf_st_meta(&f, "data_pos"), *rng = mf_st_meta(&f, "rng");
+    /* expert parallel: rank 0's file and group rank g's experts beside it
+     * (save_ep); a file of one layout is refused by a run of the other */
+    const char *es = mf_st_meta(&f, "expert_parallel");
+    int fep = es ? atoi(es) : 1, N = ep_n(t), g = ep_g(t);
+    mf_st_file fx, *xf = &f;
+    char xpath[MF_PATH_MAX + 96];
+    snprintf(xpath, sizeof xpath, "%s", path);
+    if (fep != N) {
+        mf_st_close(&f);
+        return fep > 1 ? mf_fail("%s holds the experts of an expert-parallel run (expert_parallel %d, one file per group "
+                                 "rank); resume it under mpirun with --expert_parallel %d, or --init the out_dir's HF folder",
+                                 path, fep, fep)
+                       : mf_fail("%s is a checkpoint without expert parallelism; this run has expert_parallel %d: resume it "
+                                 "without --expert_parallel, or --init the out_dir's HF folder", path, N);
+    }
+    if (N > 1 && g > 0) {
+        ep_path(path, g, N, xpath, sizeof xpath);
+        if (mf_st_open(&fx, xpath)) { mf_st_close(&f); return -1; }
+        xf = &fx;
+        const char *xs = mf_st_meta(&fx, "step"), *xg = mf_st_meta(&fx, "expert_rank");
+        if (!xs || !step || strcmp(xs, step) != 0 || !xg || atoi(xg) != g)
+            rc = mf_fail("%s is not group rank %d's experts of %s's step %s (step %s): the checkpoint was not written "
+                         "whole; resume from an earlier one", xpath, g, path, step ? step : "?", xs ? xs : "?");
+    }
     char want[256];
     mf_model_dims_str(&t->d, want, sizeof want);
     const mf_model *m = &t->model;
@@ -580,12 +706,14 @@ int mf_trainer_load_checkpoint(mf_trainer *t, const char *path_in) {
         rc = mf_fail("%s holds %s state but the run uses optimizer %s", path, opt, mf_optim_name(m->opt.kind));
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const mf_tensor *x = &m->tensors[i];
-        rc = x->ps >= 0 && train ? load_state_row(t, &f, path, x->ps)
-             : x->qkind ? load_state_row(t, &f, path, x->p)  /* packed bytes: resume is bit-identical */
-             : load_tensor(t, &f, path, "", x, mf_tensor_weights_row(x));
+        const mf_st_file *xi = x->ep_full > 0 ? xf : &f;  /* (this rank's experts) */
+        const char *pi = x->ep_full > 0 ? xpath : path;
+        rc = x->ps >= 0 && train ? load_state_row(t, xi, pi, x->ps)
+             : x->qkind ? load_state_row(t, xi, pi, x->p)  /* packed bytes: resume is bit-identical */
+             : load_tensor(t, xi, pi, "", x, mf_tensor_weights_row(x));
         if (!rc) mf_model_sync_params(m, &t->arena, i, 1);
         for (int k = 0; train && k < MF_OPTIM_STATES && !rc; k++)
-            if (x->st[k] >= 0) rc = load_state_row(t, &f, path, x->st[k]);
+            if (x->st[k] >= 0) rc = load_state_row(t, xi, pi, x->st[k]);
     }
     if (!rc) {
         char *e1, *e2, *e3;
@@ -609,6 +737,7 @@ int mf_trainer_load_checkpoint(mf_trainer *t, const char *path_in) {
             t->rng.s = r;
         }
     }
+    if (xf != &f) mf_st_close(&fx);
     mf_st_close(&f);
     return rc;
 }
