@@ -196,7 +196,7 @@ int mf_dist_file_private(int fd, const char *path);
 
 /* Refuses settings ZeRO cannot honour on `world` ranks (a batch not
  * divisible by the ranks, stage 3 with block recompute, an optimizer whose state is not
- * element-wise under sharding, update_in_backward, offload with stages 1-3). */
+ * element-wise under sharding, update_in_backward). */
 int mf_zero_check(const mf_config *cfg, int world);
 /* The plan rows data parallelism adds to a training plan whose model was
  * planned with m->opt.zero/world/rank: the reduce-scatter's bucket scratch
