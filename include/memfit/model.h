@@ -278,8 +278,8 @@ typedef struct {
     int prefetch;         /* ZeRO 3: gather the next layer's parameters while this one runs
                            * (its rows live one phase earlier); MEMFIT_ZERO_PREFETCH=0 turns it off */
     int pf_first;         /* ZeRO 3: first tensor of the gather in flight, else -1 */
-    int overlap;          /* ZeRO 0-2: a block's gradients are reduced in the background during the next
-                           * phase (ZeRO 2: their rows live one phase longer; ZeRO 0-1: in the step's last
+    int overlap;          /* ZeRO 0-3: a block's gradients are reduced in the background during the next
+                           * phase (ZeRO 2-3: their rows live one phase longer; ZeRO 0-1: in the step's last
                            * micro-batch, grads_final); MEMFIT_ZERO_OVERLAP=0 turns it off */
     int grads_final;      /* trainer: this micro-batch completes the step's gradients */
     /* LoRA (lora.h): adapters on the targeted matmuls of a frozen base */

@@ -73,7 +73,7 @@ static const key_row keys[] = {
     {"grad_dtype", T_STR, S(grad_dtype), "fp32", 0, 0, "fp32 or bf16: dtype of the 16-bit weights' gradient rows (bf16 needs precision bf16: the weight-gradient GEMMs accumulate in fp32 and round once to nearest-even, micro-batches accumulate in bf16; the norm, clip and optimizer widen them to fp32; biases, norms and wpe keep fp32 gradients). See docs/precision.md"},
     {"loss_scale", T_FLOAT, F(loss_scale), 0, "65536", 1, 1e30, "precision fp16: initial dynamic loss scale (GradScaler's 2^16); halved and the step skipped on inf/NaN gradients"},
     {"loss_scale_interval", T_INT, F(loss_scale_interval), 0, "2000", 1, 1 << 30, "precision fp16: clean steps in a row after which the loss scale doubles (GradScaler's growth_interval)"},
-    {"offload", T_STR, S(offload), "", 0, 0, "optimizer=disk:PATH keeps optimizer state in the file PATH, streamed through two windows at the optimizer step (adamw, adamw8bit, sgd)"},
+    {"offload", T_STR, S(offload), "", 0, 0, "optimizer=disk:PATH keeps optimizer state in the file PATH, streamed through two windows at the optimizer step (adamw, adamw8bit, sgd); under mpirun each rank writes its own file PATH.rank<r> holding the state it keeps (its shard at zero 1-3)"},
     {"offload_window", T_SIZE, F(offload_window), 0, "16MiB", 0, 0, "bytes of each of the two offload windows"},
     {"grad_clip", T_FLOAT, F(grad_clip), 0, "1.0", 0, BIG, "global gradient-norm clip (0 = off)"},
     {"seed", T_U64, F(seed), 0, "1337", 0, 0, "seed for weights, dropout-free sampling and data order"},

@@ -23,12 +23,9 @@
 
 static int g_init, g_active, g_world = 1, g_rank = 0, g_thread_ok;
 static double g_timeout = 300;
-/* ZeRO 3's prefetch thread and its work (see mf_dist_gather_start) */
-#define GATHER_MAX 64
-static float *g_gx[GATHER_MAX];
-static int64_t g_gn[GATHER_MAX];
-static int g_ng, g_grun, g_grc;
-static pthread_t g_gthr;
+/* the background collectives' queue (see "Background collectives" below) */
+static long g_jpushed;              /* jobs queued so far (a job's ticket is its number, from 1) */
+static pthread_mutex_t g_jmu = PTHREAD_MUTEX_INITIALIZER;  /* the queue's state and g_t_bg, g_t_wait */
 static _Thread_local int t_in_job;  /* set in the background thread */
 /* seconds in collectives the main thread ran itself, in background jobs,
  * and the main thread's waits for background jobs (mf_dist_comm_times);
@@ -47,6 +44,9 @@ static int rs_block(void) {
     return v;
 }
 static int wait_req(MPI_Request *req, int nreq, const char *what);
+static void jobs_stop(void);
+static void trace_open(void);
+static FILE *g_trace;
 
 /* A communicator and this rank's place in it. Without hybrid sharding
  * the group is the world and there is no cross communicator; with
@@ -269,6 +269,7 @@ int mf_dist_init(void) {
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     g_wc = g_gc = (comm_t){MPI_COMM_WORLD, g_world, g_rank};
     stop_install();
+    trace_open();
     if (g_rank > 0 && !freopen("/dev/null", "w", stdout)) return mf_fail("rank %d: cannot silence stdout", g_rank);
     /* one message to each neighbour now, so the transport's buffers exist
      * before the trainer reads its baseline RSS */
@@ -286,6 +287,8 @@ int mf_dist_finish(int rc) {
     if (!g_active) return rc;
     g_active = 0;
     if (rc == 0 && mf_dist_gather_wait()) rc = -1;
+    if (rc == 0) jobs_stop();
+    if (g_trace) fclose(g_trace), g_trace = NULL;
     if (rc == 0 && g_stop_agreed) {
         /* stopped on the launcher's SIGTERM: mpirun is tearing the job down,
          * and MPI_Finalize's fence with it never completes (measured: the
@@ -346,7 +349,7 @@ int mf_dist_wait(void *req, int n, const char *what) { return wait_req((MPI_Requ
 /* Any collective of the main thread first joins ZeRO 3's prefetch thread
  * (MPI runs THREAD_SERIALIZED). */
 static int join_prefetch(void) {
-    return g_grun && !t_in_job ? mf_dist_gather_wait() : 0;
+    return g_jpushed && !t_in_job ? mf_dist_gather_wait() : 0;
 }
 
 /* MPI_Sendrecv with the same timeout, for the ring collectives. */
@@ -575,98 +578,211 @@ int mf_dist_allreduce(float *x, int64_t n, float *scratch, int64_t scratch_n) {
 }
 
 void mf_dist_comm_times(double *sync_s, double *bg_s, double *wait_s) {
+    pthread_mutex_lock(&g_jmu);  /* the worker adds to g_t_bg */
     *sync_s = g_t_sync;
     *bg_s = g_t_bg;
     *wait_s = g_t_wait;
+    pthread_mutex_unlock(&g_jmu);
 }
 
-/* Background collectives: ZeRO 3's prefetch (a thread all-gathers the
- * next block's tensors while the main thread computes this block) and
- * ZeRO 2's overlapped gradient reduction (a thread reduce-scatters a
- * block's gradients while the backward of the block before it computes).
- * The transport moves data only while some thread is inside MPI, so
- * non-blocking requests tested between kernels left most of the transfer
- * to the wait (measured 0.6x of gathering at use on this machine); a
- * thread that polls its request keeps it moving. MPI runs in
- * THREAD_SERIALIZED mode: every MPI call of the main thread first joins
- * the thread. */
+/* Background collectives: ZeRO 3's prefetch (the next block's tensors
+ * all-gathered while the main thread computes this block) and the
+ * overlapped gradient reduction of every stage (a block's gradients
+ * all-reduced or reduce-scattered while the backward of the block before
+ * it computes). The transport moves data only while some thread is inside
+ * MPI, so non-blocking requests tested between kernels left most of the
+ * transfer to the wait (measured 0.6x of gathering at use on this
+ * machine); a thread that polls its request keeps it moving.
+ *
+ * The jobs form a FIFO run in order by one worker thread (started with the
+ * first job, ended by mf_dist_finish): at stage 3 a layer's gradient
+ * reduce-scatter queues behind the prefetch of the layer before it, and the
+ * next prefetch behind that reduce-scatter, so the main thread waits only
+ * for the prefetch it needs (mf_dist_prefetch_wait) while the reduction
+ * keeps running. MPI runs in THREAD_SERIALIZED mode: the worker is the only
+ * thread in MPI while jobs are queued, and every MPI call of the main
+ * thread first waits for all of them (join_prefetch). */
 
-static float *g_gacc[GATHER_MAX], *g_gscr;
-static int64_t g_gscrn;
-static int g_gallreduce;  /* the job all-reduces (ZeRO 0's overlap) */
-static char g_gerr[1024]; /* the thread's error message (mf_error is per thread) */
+#define JOB_TENSORS 64 /* tensors per job (a block has MF_LAYER_TENSORS) */
+#define JOB_QUEUE 8    /* jobs queued at once (stage 3 has three: reduce, prefetch, reduce) */
+typedef enum { JOB_GATHER, JOB_REDUCE, JOB_ALLREDUCE } job_kind;
+typedef struct {
+    job_kind kind;
+    int k;
+    float *x[JOB_TENSORS], *acc[JOB_TENSORS]; /* acc NULL: the reduced shard stays in x */
+    int64_t n[JOB_TENSORS];
+    float *scr;                               /* the reduce-scatter's bucket scratch */
+    int64_t scrn;
+    double t_queued;
+} job_t;
+static job_t g_jobs[JOB_QUEUE];             /* job t in slot (t - 1) % JOB_QUEUE */
+static long g_jdone;                        /* jobs finished (the worker runs job g_jdone + 1 next) */
+static long g_jgather;                      /* ticket of the last all-gather queued (the prefetch) */
+static long g_jreduce;                      /* ticket of the last gradient reduction queued */
+static int g_jrc;                           /* a job failed: the later ones are skipped */
+static char g_jerr[1024];                   /* its message (mf_error is per thread) */
+static int g_jthread, g_jstop;              /* the worker runs; asked to stop */
+static pthread_t g_jthr;
+static pthread_cond_t g_jcv_work = PTHREAD_COND_INITIALIZER, g_jcv_done = PTHREAD_COND_INITIALIZER;
+/* MEMFIT_DIST_TRACE=PATH: one line per background job and per wait of
+ * the main thread for one, in PATH.rank<r> (docs/distributed.md) */
+static double g_trace_t0;
 
-static void *gather_thread(void *arg) {
-    (void)arg;
-    int was = t_in_job;
-    t_in_job = 1;
-    double t0 = mf_time_now();
-    for (int i = 0; i < g_ng && !g_grc; i++) {
-        if (g_gallreduce) {
-            if (mf_dist_allreduce(g_gx[i], g_gn[i], g_gscr, g_gscrn)) g_grc = -1;
+static const char *job_name(job_kind k) {
+    return k == JOB_GATHER ? "allgather" : k == JOB_REDUCE ? "reduce_scatter" : "allreduce";
+}
+
+static void trace_open(void) {
+    const char *e = getenv("MEMFIT_DIST_TRACE");
+    if (!e || !*e || g_world == 1) return;
+    char path[MF_PATH_MAX + 32];
+    g_trace = fopen(mf_dist_rank_path(e, path, sizeof path), "w");
+    if (!g_trace) fprintf(stderr, "memfit: warning: rank %d: cannot write the trace %s\n", g_rank, path);
+    g_trace_t0 = mf_time_now();
+}
+
+/* One job's collectives, on the worker (or on the caller without a thread). */
+static int job_run(const job_t *j) {
+    for (int i = 0; i < j->k; i++) {
+        if (j->kind == JOB_ALLREDUCE) {
+            if (mf_dist_allreduce(j->x[i], j->n[i], j->scr, j->scrn)) return -1;
             continue;
         }
-        if (!g_gscr) {
-            if (mf_dist_allgather(g_gx[i], g_gn[i])) g_grc = -1;
+        if (j->kind == JOB_GATHER) {
+            if (mf_dist_allgather(j->x[i], j->n[i])) return -1;
             continue;
         }
-        if (mf_dist_reduce_scatter(g_gx[i], g_gn[i], g_gscr, g_gscrn)) { g_grc = -1; break; }
-        if (!g_gacc[i]) continue;  /* ZeRO 1: the shard stays in place */
+        if (mf_dist_reduce_scatter(j->x[i], j->n[i], j->scr, j->scrn)) return -1;
+        if (!j->acc[i]) continue;  /* ZeRO 1: the shard stays in place */
         int64_t lo, hi;
-        mf_dist_shard(g_gn[i], g_gc.size, g_gc.rank, &lo, &hi);
-        for (int64_t k = 0; k < hi - lo; k++) g_gacc[i][k] += g_gx[i][lo + k];
+        mf_dist_shard(j->n[i], g_gc.size, g_gc.rank, &lo, &hi);
+        for (int64_t k = 0; k < hi - lo; k++) j->acc[i][k] += j->x[i][lo + k];
     }
-    if (g_grc) snprintf(g_gerr, sizeof g_gerr, "%s", mf_error());
-    g_t_bg += mf_time_now() - t0;
-    t_in_job = was;
+    return 0;
+}
+
+/* Runs job g_jdone + 1 (g_jmu held on entry and on return). */
+static void job_next(void) {
+    long t = g_jdone + 1;
+    const job_t *j = &g_jobs[(t - 1) % JOB_QUEUE];
+    int skip = g_jrc;
+    pthread_mutex_unlock(&g_jmu);
+    double t0 = mf_time_now();
+    int rc = skip ? 0 : job_run(j);
+    double t1 = mf_time_now();
+    pthread_mutex_lock(&g_jmu);
+    g_t_bg += t1 - t0;
+    if (rc && !g_jrc) {
+        g_jrc = -1;
+        snprintf(g_jerr, sizeof g_jerr, "%s", mf_error());
+    }
+    if (g_trace)
+        fprintf(g_trace, "job %ld %s tensors %d queued %.6f start %.6f end %.6f\n", t, job_name(j->kind), j->k,
+                j->t_queued - g_trace_t0, t0 - g_trace_t0, t1 - g_trace_t0);
+    g_jdone = t;
+    pthread_cond_broadcast(&g_jcv_done);
+}
+
+static void *job_worker(void *arg) {
+    (void)arg;
+    t_in_job = 1;
+    pthread_mutex_lock(&g_jmu);
+    for (;;) {
+        while (g_jdone == g_jpushed && !g_jstop) pthread_cond_wait(&g_jcv_work, &g_jmu);
+        if (g_jdone == g_jpushed) break;  /* asked to stop, nothing left */
+        job_next();
+    }
+    pthread_mutex_unlock(&g_jmu);
     return NULL;
 }
 
-int mf_dist_gather_wait(void) {
-    if (!g_grun) return 0;
+/* Waits until job `ticket` (and every job before it) is done; returns -1
+ * with the first failed job's message once one failed. */
+static int jobs_wait(long ticket) {
+    if (ticket <= 0) return 0;
     double t0 = mf_time_now();
-    pthread_join(g_gthr, NULL);
-    g_t_wait += mf_time_now() - t0;
-    g_grun = 0;
-    g_ng = 0;
-    int rc = g_grc;
-    g_grc = 0;
+    pthread_mutex_lock(&g_jmu);
+    int waited = g_jdone < ticket;
+    while (g_jdone < ticket) pthread_cond_wait(&g_jcv_done, &g_jmu);
+    int rc = g_jrc;
+    char msg[sizeof g_jerr];
+    snprintf(msg, sizeof msg, "%s", g_jerr[0] ? g_jerr : "a background collective failed");
+    /* all done: the error is reported once */
+    if (g_jdone == g_jpushed) g_jrc = 0, g_jerr[0] = 0;
+    double t1 = mf_time_now();
+    if (waited) g_t_wait += t1 - t0;
+    if (g_trace && waited) fprintf(g_trace, "wait %ld start %.6f end %.6f\n", ticket, t0 - g_trace_t0, t1 - g_trace_t0);
+    pthread_mutex_unlock(&g_jmu);
     /* the background thread's message, raised again in this thread */
-    if (rc) return mf_fail("%s", g_gerr[0] ? g_gerr : "a background collective failed");
-    return rc;
+    return rc ? mf_fail("%s", msg) : 0;
 }
 
-static int job_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n,
-                     int allreduce) {
+int mf_dist_gather_wait(void) { return g_jpushed ? jobs_wait(g_jpushed) : 0; }
+
+int mf_dist_prefetch_wait(void) { return jobs_wait(g_jgather); }
+
+static void jobs_stop(void) {
+    if (!g_jthread) return;
+    pthread_mutex_lock(&g_jmu);
+    g_jstop = 1;
+    pthread_cond_broadcast(&g_jcv_work);
+    pthread_mutex_unlock(&g_jmu);
+    pthread_join(g_jthr, NULL);
+    g_jthread = 0;
+}
+
+static int job_start(job_kind kind, float *const *x, const int64_t *n, float *const *acc, int k, float *scratch,
+                     int64_t scratch_n) {
     if (g_world == 1) return 0;
-    if (mf_dist_gather_wait()) return -1;
-    g_gallreduce = allreduce;
-    if (k > GATHER_MAX) return mf_fail("rank %d: %d tensors in one background collective (at most %d)", g_rank, k, GATHER_MAX);
-    for (int i = 0; i < k; i++) g_gx[i] = x[i], g_gn[i] = n[i], g_gacc[i] = acc ? acc[i] : NULL;
-    g_gscr = scratch;
-    g_gscrn = scratch_n;
-    g_ng = k;
-    g_grc = 0;
-    if (g_thread_ok && pthread_create(&g_gthr, NULL, gather_thread, NULL) == 0) {
-        g_grun = 1;
+    if (k > JOB_TENSORS) return mf_fail("rank %d: %d tensors in one background collective (at most %d)", g_rank, k, JOB_TENSORS);
+    /* a gradient reduction first waits for the one before it: the model
+     * queues one as each backward phase ends, and the rows a reduction
+     * reads live one phase past the phase that queued it (the plan; the
+     * arena releases them as the phase after that starts), so it must be
+     * done by the end of the next phase; a prefetch queued since keeps
+     * running */
+    if (kind != JOB_GATHER && jobs_wait(g_jreduce)) return -1;
+    /* a full queue: wait for its oldest job, whose slot the new one takes */
+    if (g_jpushed >= JOB_QUEUE && jobs_wait(g_jpushed - JOB_QUEUE + 1)) return -1;
+    if (g_thread_ok && !g_jthread) {
+        if (pthread_create(&g_jthr, NULL, job_worker, NULL) == 0) g_jthread = 1;
+        else g_thread_ok = 0;
+    }
+    long t = g_jpushed + 1;
+    job_t *j = &g_jobs[(t - 1) % JOB_QUEUE];  /* free: job t - JOB_QUEUE is done */
+    j->kind = kind;
+    j->k = k;
+    for (int i = 0; i < k; i++) j->x[i] = x[i], j->n[i] = n[i], j->acc[i] = acc ? acc[i] : NULL;
+    j->scr = scratch;
+    j->scrn = scratch_n;
+    j->t_queued = mf_time_now();
+    pthread_mutex_lock(&g_jmu);
+    g_jpushed = t;
+    if (kind == JOB_GATHER) g_jgather = t;
+    else g_jreduce = t;
+    if (g_jthread) {
+        pthread_cond_signal(&g_jcv_work);
+        pthread_mutex_unlock(&g_jmu);
         return 0;
     }
     /* no thread (or MPI without THREAD_SERIALIZED): run it now, all of it waited for */
     double t0 = mf_time_now();
-    gather_thread(NULL);
+    t_in_job = 1;
+    while (g_jdone < g_jpushed) job_next();
+    t_in_job = 0;
     g_t_wait += mf_time_now() - t0;
-    g_ng = 0;
-    return g_grc;
+    pthread_mutex_unlock(&g_jmu);
+    return jobs_wait(t);
 }
 
-int mf_dist_gather_start(float *const *x, const int64_t *n, int k) { return job_start(x, n, NULL, k, NULL, 0, 0); }
+int mf_dist_gather_start(float *const *x, const int64_t *n, int k) { return job_start(JOB_GATHER, x, n, NULL, k, NULL, 0); }
 
 int mf_dist_reduce_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n) {
-    return job_start(x, n, acc, k, scratch, scratch_n, 0);
+    return job_start(JOB_REDUCE, x, n, acc, k, scratch, scratch_n);
 }
 
 int mf_dist_allreduce_start(float *const *x, const int64_t *n, int k, float *scratch, int64_t scratch_n) {
-    return job_start(x, n, NULL, k, scratch, scratch_n, 1);
+    return job_start(JOB_ALLREDUCE, x, n, NULL, k, scratch, scratch_n);
 }
 
 static int sum_doubles(const comm_t *cm, double *x, int n);

@@ -97,18 +97,24 @@ void mf_dist_shard(int64_t n, int world, int rank, int64_t *lo, int64_t *hi);
 int mf_dist_reduce_scatter(float *x, int64_t n, float *scratch, int64_t scratch_n);
 /* All-gather in place: each rank's shard of x[n] is copied to all. */
 int mf_dist_allgather(float *x, int64_t n);
-/* Background all-gather in place (ZeRO 3's prefetch): a thread runs
- * mf_dist_allgather on x[0..k) (n[i] elements each) while the caller
- * computes; mf_dist_gather_wait joins it and returns its result. Any other
- * collective the caller starts first waits for it. */
+/* Background collectives: jobs queued in order and run one after another
+ * by one thread while the caller computes. x, acc and scratch must stay
+ * untouched until the job is done. Any other collective the caller starts
+ * first waits for every queued job (MPI runs THREAD_SERIALIZED).
+ * Background all-gather in place (ZeRO 3's prefetch): mf_dist_allgather on
+ * x[0..k) (n[i] elements each). */
 int mf_dist_gather_start(float *const *x, const int64_t *n, int k);
-/* Joins whichever background collective runs (gather or reduce). */
+/* Waits for every queued job and returns the first failure's result. */
 int mf_dist_gather_wait(void);
-/* Background reduce-scatter (ZeRO 2's overlap): a thread reduce-scatters
- * x[0..k) (n[i] elements each, scratch as mf_dist_reduce_scatter) and adds
- * this rank's shard of each into acc[i]; completed by mf_dist_gather_wait
- * or by the caller's next collective. x, acc and scratch must stay
- * untouched until then. */
+/* Waits for the last all-gather queued (the prefetch) and the jobs queued
+ * before it only: a gradient reduction queued after it keeps running (ZeRO
+ * 3's overlap: a layer's reduce-scatter queues behind the prefetch of the
+ * layer before it). */
+int mf_dist_prefetch_wait(void);
+/* Background reduce-scatter (ZeRO 2-3's overlap): reduce-scatters x[0..k)
+ * (n[i] elements each, scratch as mf_dist_reduce_scatter) and adds this
+ * rank's shard of each into acc[i]; completed by mf_dist_gather_wait or by
+ * the caller's next collective. */
 int mf_dist_reduce_start(float *const *x, const int64_t *n, float *const *acc, int k, float *scratch, int64_t scratch_n);
 /* acc == NULL: the reduced shard stays in x (ZeRO 1's overlap). The same
  * for an all-reduce of x[0..k) in place (ZeRO 0's overlap). */
@@ -190,7 +196,7 @@ int mf_dist_file_private(int fd, const char *path);
 
 /* Refuses settings ZeRO cannot honour on `world` ranks (a batch not
  * divisible by the ranks, stage 3 with block recompute, an optimizer whose state is not
- * element-wise under sharding, update_in_backward, offload with stages 1-3). */
+ * element-wise under sharding, update_in_backward). */
 int mf_zero_check(const mf_config *cfg, int world);
 /* The plan rows data parallelism adds to a training plan whose model was
  * planned with m->opt.zero/world/rank: the reduce-scatter's bucket scratch

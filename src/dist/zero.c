@@ -44,9 +44,6 @@ int mf_zero_check(const mf_config *cfg, int world) {
     if (cfg->update_in_backward)
         return mf_fail("update_in_backward cannot be combined with data parallelism over %d ranks (the update needs "
                        "the gradient summed over the ranks)", world);
-    if (cfg->offload[0] && cfg->zero >= 1)
-        return mf_fail("offload with zero %d over %d ranks: the offload file streams each tensor's whole optimizer state, "
-                       "not a shard; use zero 0 (each rank then streams its own file, PATH.rank<r>)", cfg->zero, world);
     if (cfg->zero >= 1 && (strcmp(cfg->optimizer, "adamw8bit") == 0 || strcmp(cfg->optimizer, "adafactor") == 0))
         return mf_fail("zero %d shards optimizer state by elements; %s state is per block or per row and column, "
                        "use adamw or sgd, or zero 0", cfg->zero, cfg->optimizer);

@@ -190,10 +190,11 @@ float *mf_model_tensor_p(mf_model *m, mf_arena *a, int i) {
 }
 
 /* ZeRO 3: gathers tensors [first, first+n) for the phase that starts, or
- * waits for the prefetch that gathers them */
+ * waits for the prefetch that gathers them (only: the gradient reduction
+ * queued behind it keeps running) */
 static void params_need(mf_model *m, mf_arena *a, int first, int n) {
     if (m->tensors[first].ps < 0 || m->comm_err) return;
-    int rc = m->pf_first == first ? mf_dist_gather_wait() : mf_zero_params_needed(m, a, first, n);
+    int rc = m->pf_first == first ? mf_dist_prefetch_wait() : mf_zero_params_needed(m, a, first, n);
     m->pf_first = -1;
     if (rc) m->comm_err = 1;
 }

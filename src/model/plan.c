@@ -196,7 +196,7 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
             else if (role == MF_ROLE_POS) g0 = g1 = mf_phase_emb_bwd(m);
             else if (role == MF_ROLE_HEAD) g0 = g1 = mf_phase_head_fwd(m);  /* the untied head: with the loss */
             else g0 = g1 = mf_phase_head_bwd(m);  /* ln_f */
-            /* ZeRO 2's overlap reads it in the next phase (the embedding's
+            /* ZeRO 2-3's overlap reads it in the next phase (the embedding's
              * is reduced at once: the optimizer or the next micro-batch follows) */
             if (m->overlap && role != MF_ROLE_EMB && role != MF_ROLE_POS) g1++;
         }
@@ -624,7 +624,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     const char *pf = getenv("MEMFIT_ZERO_PREFETCH");
     m->prefetch = !(pf && strcmp(pf, "0") == 0);
     const char *ov = getenv("MEMFIT_ZERO_OVERLAP");
-    m->overlap = m->opt.zero <= 2 && m->opt.world > 1 && !m->opt.in_backward && !(ov && strcmp(ov, "0") == 0);
+    m->overlap = m->opt.world > 1 && !m->opt.in_backward && !(ov && strcmp(ov, "0") == 0);
     /* expert parallel: the experts' gradients are summed over their
      * replicas only, in the optimizer phase (zero.c), not in the overlap's
      * all-reduce over the world */

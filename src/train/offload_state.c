@@ -30,10 +30,15 @@ struct mf_offchunk {
     size_t part[MF_OPTIM_STATES];   /* bytes of each state row's slice */
 };
 
-/* State row k of a tensor: bytes per unit, and units for elements [e0, e0+n):
- * a row as long as the tensor has a unit per element, else (absmax) per block. */
+/* The elements whose state this rank keeps: the whole tensor, or under
+ * ZeRO >= 1 its shard [lo, hi) (the state rows are planned on the shard,
+ * and each rank streams only its shard's state through its own file). */
+static int64_t state_n(const mf_tensor *x) { return x->hi - x->lo; }
+/* State row k of a tensor: bytes per unit, and units for elements [e0, e0+n)
+ * of the shard: a row as long as the shard has a unit per element, else
+ * (absmax) per block. */
 static size_t unit_bytes(const mf_trainer *t, int id) { return mf_dtype_size(t->plan.bufs[id].dtype); }
-static int per_block(const mf_trainer *t, const mf_tensor *x, int id) { return t->plan.bufs[id].numel != x->numel; }
+static int per_block(const mf_trainer *t, const mf_tensor *x, int id) { return t->plan.bufs[id].numel != state_n(x); }
 static int64_t units(const mf_trainer *t, const mf_tensor *x, int id, int64_t e0, int64_t n, int block) {
     if (!per_block(t, x, id)) return n;
     return (e0 + n + block - 1) / block - e0 / block;
@@ -55,7 +60,7 @@ int mf_offstate_open(mf_trainer *t) {
         for (int k = 0; k < MF_OPTIM_STATES; k++)
             if (x->st[k] >= 0) per += unit_bytes(t, x->st[k]) * (per_block(t, x, x->st[k]) ? 1 : (size_t)block);
         int64_t E = (int64_t)(win / per) * block;
-        for (int64_t e0 = 0; e0 < x->numel; e0 += E) {
+        for (int64_t e0 = 0; e0 < state_n(x); e0 += E) {
             if (n == cap) {
                 cap = cap ? 2 * cap : 256;
                 struct mf_offchunk *nc = realloc(ch, (size_t)cap * sizeof *nc);
@@ -66,7 +71,7 @@ int mf_offstate_open(mf_trainer *t) {
             memset(c, 0, sizeof *c);
             c->tensor = i;
             c->e0 = e0;
-            c->n = x->numel - e0 < E ? x->numel - e0 : E;
+            c->n = state_n(x) - e0 < E ? state_n(x) - e0 : E;
             c->off = off;
             for (int k = 0; k < MF_OPTIM_STATES; k++)
                 if (x->st[k] >= 0) c->part[k] = (size_t)units(t, x, x->st[k], c->e0, c->n, block) * unit_bytes(t, x->st[k]);
@@ -114,8 +119,11 @@ static int chunk_fn(void *ctx, int k, void *buf, size_t len) {
                             0, s->gscale);
         return 0;
     }
-    float *p = (float *)mf_arena_get(&t->arena, mf_tensor_weights_row(x)) + c->e0;
-    const float *g = (const float *)mf_arena_get(&t->arena, x->g) + c->e0;
+    /* ZeRO >= 1: the chunk is of this rank's shard; stage 3 keeps the
+     * parameters' shard apart (ps), stages 2-3 the gradient's (gs) */
+    mf_arena *a = &t->arena;
+    float *p = (x->ps >= 0 ? (float *)mf_arena_get(a, x->ps) : (float *)mf_arena_get(a, mf_tensor_weights_row(x)) + x->lo) + c->e0;
+    const float *g = (x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo) + c->e0;
     mf_optim_update_range(&t->model.opt, st, p, g, &x->os, c->n, (float)t->lr,
                           x->decay ? (float)t->cfg.weight_decay : 0.0f, t->step + 1, s->gscale);
     return 0;
@@ -155,7 +163,7 @@ int mf_offstate_row_io(mf_trainer *t, int ti, int id, uint64_t o, void *buf, siz
     int block = mf_optim_block(&t->model.opt, &x->os);
     /* every chunk but a tensor's last holds the same whole number of blocks */
     int64_t E = t->off_chunks[first].n;
-    int64_t per_chunk = E == x->numel ? INT64_MAX : per_block(t, x, id) ? E / block : E;
+    int64_t per_chunk = E == state_n(x) ? INT64_MAX : per_block(t, x, id) ? E / block : E;
     while (len > 0) {
         int64_t unit = (int64_t)(o / u), c = unit / per_chunk;
         const struct mf_offchunk *ch = &t->off_chunks[first + c];
