@@ -115,7 +115,7 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     t->numel = d0 * (ndim > 1 ? d1 : 1);
     t->decay = decay_2d;
     t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, role == MF_ROLE_EMB,
-                             m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS};
+                             m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS && !mf_tensor_keep32(name)};
     t->lo = 0;
     t->hi = t->numel;
     /* LoRA: the adapters are trainable (category adapter), the base is frozen */
@@ -148,7 +148,7 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
      * the embedding adds) get a 16-bit compute row, plus an fp32 master
      * row the optimizer updates; vectors stay fp32 (they are their own
      * master) */
-    int h16 = m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS;
+    int h16 = m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS && !mf_tensor_keep32(name);
     if (shard && m->opt.zero >= 3) {
         /* ZeRO 3: a rank keeps its shard; the whole tensor is gathered
          * into a row that lives only in the phases that read it. A block's
@@ -274,12 +274,20 @@ static int gemm_shapes(const mf_dims *d, int N, int R, int train, gemm_shape_fn 
         if (mf_moe_buffer_sizes(NULL, NULL, &G, N, d->top_k, E, C, F, d->capacity_factor)) return -1;
         /* expert parallel: an expert's group gathers the whole expert group's tokens */
         if (d->ep > 1 && mf_moe_ep_bounds(d, N, NULL, NULL, &G, NULL)) return -1;
-        int g = (int)G;
-        if (fn(ctx, N, E, C, 0, 1, 0, 0) || fn(ctx, g, F, C, 0, 1, 0, 0) || fn(ctx, g, C, F, 0, 1, 0, 0)) return -1;
-        if (train && (fn(ctx, E, C, N, 1, 0, 1, 0) || fn(ctx, N, C, E, 0, 0, 1, 0) || fn(ctx, g, F, C, 0, 0, 0, 0) ||
-                      fn(ctx, C, F, g, 1, 0, 1, 0) || fn(ctx, F, C, g, 1, 0, 1, 0) || fn(ctx, g, C, F, 0, 0, 0, 0) ||
-                      fn(ctx, g, C, F, 0, 0, 1, 0)))
+        if (fn(ctx, N, E, C, 0, 1, 0, 0) || (train && (fn(ctx, E, C, N, 1, 0, 1, 0) || fn(ctx, N, C, E, 0, 0, 1, 0))))
             return -1;
+        /* g = the largest group (fp32), then every power of two below it:
+         * the 16-bit experts run a group as power-of-two chunks */
+        int sz[40], ns = 0, p2 = 1;
+        while (p2 <= G / 2) p2 *= 2;
+        for (sz[ns++] = (int)G; p2 >= 1; p2 /= 2) sz[ns++] = p2;
+        for (int i = 0; i < ns; i++) {
+            const int g = sz[i];
+            if (fn(ctx, g, F, C, 0, 1, 0, 0) || fn(ctx, g, C, F, 0, 1, 0, 0)) return -1;
+            if (train && (fn(ctx, g, F, C, 0, 0, 0, 0) || fn(ctx, C, F, g, 1, 0, 1, 0) || fn(ctx, F, C, g, 1, 0, 1, 0) ||
+                          fn(ctx, g, C, F, 0, 0, 0, 0) || fn(ctx, g, C, F, 0, 0, 1, 0)))
+                return -1;
+        }
     }
     int rows[3] = {R, 1, N < R ? N : R};
     for (int k = 0; k < 3; k++)
@@ -491,7 +499,9 @@ static void moe_layer_rows(mf_model *m, adder *ad, int l, mf_layer_acts *A, mf_l
     for (int b = 0; b < MF_MOE_BUF_DLOGITS; b++) {
         mf_dtype dt = b == MF_MOE_BUF_TOPK_IDX || b == MF_MOE_BUF_OFFSETS || b == MF_MOE_BUF_SLOT_ROW ? MF_DTYPE_I32
                                                                                                     : MF_DTYPE_F32;
-        int64_t n = (int64_t)(bytes[b] / 4);
+        /* 16-bit precision: the experts' GEMM inputs (bytes already halved) */
+        if (m->cdt != MF_DTYPE_F32 && (b == MF_MOE_BUF_XP || b == MF_MOE_BUF_HA)) dt = m->cdt;
+        int64_t n = (int64_t)(bytes[b] / (dt == MF_DTYPE_F32 || dt == MF_DTYPE_I32 ? 4 : 2));
         const char *bn = mf_moe_buf_name((mf_moe_buf)b);
         if (whole && b > MF_MOE_BUF_FRAC) {
             if (l == s) {
@@ -599,9 +609,13 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (mode == MF_MODE_TRAIN && m->opt.grad16 && d->share && d->share < d->L)
         return mf_fail("grad_dtype bf16 with share_layers %d is not supported (a shared set's gradient would be "
                        "rounded once per block); use grad_dtype fp32", d->share);
-    if (d->n_experts > 0 && m->cdt != MF_DTYPE_F32)
-        return mf_fail("precision %s: the mixture-of-experts kernels are fp32 only (use --precision fp32)",
-                       m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16");
+    /* 16-bit experts (moe_block.c): the router stays fp32; expert parallel
+     * and bf16 gradient rows run fp32 experts only */
+    if (d->n_experts > 0 && m->cdt != MF_DTYPE_F32 && d->ep > 1 && m->opt.world > 1)
+        return mf_fail("precision %s with expert_parallel %d: the exchanged experts are fp32 only (use --precision "
+                       "fp32)", m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16", d->ep);
+    if (d->n_experts > 0 && mode == MF_MODE_TRAIN && m->opt.grad16)
+        return mf_fail("grad_dtype bf16 with a mixture of experts is not supported yet (use grad_dtype fp32)");
     if (B < 1 || T < 1) return mf_fail("batch and seq must be >= 1 (got %d, %d)", B, T);
     if (T > d->maxT) return mf_fail("seq %d exceeds the model's block_size %d", T, d->maxT);
     m->d = *d;
@@ -712,7 +726,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
      * for N tokens and the run's capacity factor */
     size_t moe_bytes[MF_MOE_BUF_COUNT];
     for (int b = 0; b < MF_MOE_BUF_COUNT; b++) m->moe_work[b] = -1;
-    m->moe_deq_f = m->moe_deq_b = m->moe_lora_u = m->moe_lora_du = -1;
+    m->moe_deq_f = m->moe_deq_b = m->moe_lora_u = m->moe_lora_du = m->moe_x32 = -1;
     m->moe_capacity = 0, m->moe_rows = 0;
     if (bd->mlp == MF_MLP_MOE && !(m->moe_tokens = calloc((size_t)L * d->n_experts, sizeof *m->moe_tokens))) {
         mf_model_free(m);
@@ -725,6 +739,10 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         mf_model_free(m);
         return -1;
     }
+    /* 16-bit experts: the GEMM inputs xp and ha are kept in 16 bits, as a
+     * dense block's ln2 and h are (moe_block.c) */
+    if (bd->mlp == MF_MLP_MOE && m->cdt != MF_DTYPE_F32)
+        moe_bytes[MF_MOE_BUF_XP] /= 2, moe_bytes[MF_MOE_BUF_HA] /= 2;
     int ep = bd->mlp == MF_MLP_MOE && m->d.ep > 1;
     m->moe_ep_send = m->moe_ep_recv = 0;
     for (int b = 0; b < 5; b++) m->moe_ep_work[b] = -1;
@@ -941,6 +959,12 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         m->qscr_f = add(&ad, "work.quant_gemm.fwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, mf_phase_layer_fwd(m, 0),
                         bd->bf16_frozen_embed ? mf_phase_head_fwd(m) : mf_phase_layer_fwd(m, L - 1), -1);
     }
+    if (bd->mlp == MF_MLP_MOE && m->cdt != MF_DTYPE_F32)
+        /* 16-bit experts: the fp32 router reads ln2 (16-bit, as a dense
+         * block's) widened into this row, in a layer's forward and again in
+         * its backward */
+        m->moe_x32 = add(&ad, "work.moe.x32", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, mf_phase_layer_fwd(m, 0),
+                         train ? mf_phase_layer_bwd(m, 0) : mf_phase_layer_fwd(m, L - 1), -1);
     if (bd->mlp == MF_MLP_MOE && m->lora.base && m->lora.r > 0) {
         /* quantised experts: one expert's three matrices dequantised to
          * fp32 at a time for the kernels (mf_moe_expert_ops.weights; the
@@ -961,6 +985,9 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
          * Llama's MLP width or its query heads) */
         int64_t dw16 = I > AO ? I : AO;
         if (dw16 < C) dw16 = C;
+        /* the experts round dh1 and dh3 of one expert's group (<= N rows)
+         * side by side (mf_moe_experts_backward16) */
+        if (bd->mlp == MF_MLP_MOE && 2 * I > dw16) dw16 = 2 * I;
         m->in16 = add(&ad, "work.gemm_in16", MF_CAT_WORK, m->cdt, 2, N, AO > C ? AO : C, 0, 0, g0, g1, -1);
         if (train) {
             m->dout16 = add(&ad, "work.gemm_dout16", MF_CAT_WORK, m->cdt, 2, N, dw16, 0, 0,
