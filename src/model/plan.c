@@ -581,9 +581,6 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                                : llama ? "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
                                        : "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj");
         }
-        if (m->lora.targets & MF_LORA_MOE_TARGETS && m->lora.dropout > 0)
-            return mf_fail("lora: dropout %g with adapters on the experts (w1, w2, w3) is not supported yet; use "
-                           "dropout=0 or attention targets only", (double)m->lora.dropout);
     }
     m->lora_u = m->lora_du = m->lora_xf = m->lora_xb = m->qscr_f = m->qscr_b = -1;
     m->comm = -1;
@@ -938,8 +935,11 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                                      b0, b1, -1);
         }
         if (train && m->lora.dropout > 0) {
-            m->lora_xf = add(&ad, "work.lora_drop.fwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, f0, f1, -1);
-            m->lora_xb = add(&ad, "work.lora_drop.bwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win, 0, 0, b0, b1, -1);
+            /* adapters on the experts drop each permuted row's input
+             * (moe_lora.c): R rows, each expert's group its slice */
+            int64_t dn = m->lora.targets & MF_LORA_MOE_TARGETS && m->moe_rows > N ? m->moe_rows : N;
+            m->lora_xf = add(&ad, "work.lora_drop.fwd", MF_CAT_WORK, MF_DTYPE_F32, 2, dn, win, 0, 0, f0, f1, -1);
+            m->lora_xb = add(&ad, "work.lora_drop.bwd", MF_CAT_WORK, MF_DTYPE_F32, 2, dn, win, 0, 0, b0, b1, -1);
         }
         if (m->lora.base) {
             /* quantised base: the tile of dequantised rows the GEMMs use
