@@ -478,8 +478,6 @@ static void bad_settings(void) {
         {"num_experts_per_tok", "5", "num_experts_per_tok 5 must be between 1 and num_local_experts 4"},
         {"capacity_factor", "0", "capacity_factor 0 must be > 0"},
         {"capacity_factor", "-1", "capacity_factor"},
-        {"precision", "bf16", "mixture-of-experts kernels are fp32 only"},
-        {"lora", "r=4,dropout=0.1,targets=w1,w2", "dropout 0.1 with adapters on the experts"},
         {"lora", "r=4,targets=q_proj,gate_proj", "not modules of a mixture-of-experts model"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -427,6 +427,20 @@ void mf_moe_combine(float *y, const float *yp, const int32_t *slot_row, const fl
 void mf_moe_combine_backward(float *dyp, float *dtopk_w, const float *dy, const float *yp, const int32_t *slot_row,
                              const float *topk_w, int N, int k, int C);
 void mf_moe_gather_backward(float *dx, const float *dxp, const int32_t *slot_row, int N, int k, int C);
+/* 16-bit experts (precision bf16/fp16, dt): x is the 16-bit (N,C) input,
+ * w1/w3/w2 the stacks' 16-bit compute copies, and a->xp, a->ha hold 16-bit
+ * values ((R,C), (R,F) of dt); h1, h3, yp, y and the gradients are fp32
+ * (dw1/dw3/dw2 accumulate; NULL: frozen). d16: at least G*max(C, 2F)
+ * 16-bit elements (G: one expert's largest group), the rounded output
+ * gradients; scratch: mf_gemm16_scratch_bytes for the experts' GEMMs.
+ * The experts run one after another; no hooks (no LoRA, no quantised base). */
+int mf_moe_experts_forward16(mf_dtype dt, float *y, mf_moe_acts *a, const void *x, const mf_moe_route *r,
+                             const void *w1, const void *w3, const void *w2, const mf_moe_dims *d, void *scratch,
+                             size_t scratch_bytes);
+int mf_moe_experts_backward16(mf_dtype dt, float *dx, float *dw1, float *dw3, float *dw2, mf_moe_work *w, void *d16,
+                              const float *dy, const mf_moe_acts *a, const mf_moe_route *r, const void *w1,
+                              const void *w3, const void *w2, const mf_moe_dims *d, void *scratch,
+                              size_t scratch_bytes);
 /* ==== end of mixture of experts ========================================== */
 
 #ifdef __cplusplus

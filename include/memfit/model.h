@@ -302,6 +302,7 @@ typedef struct {
     int moe_deq_f, moe_deq_b; /* a quantised frozen base (QLoRA): one expert's w1|w3|w2 (3 x F x C)
                                * dequantised to fp32, in forward / backward layer phases, else -1 */
     int moe_lora_u, moe_lora_du; /* adapters on the experts: (R, r) rows, each expert's group its slice, else -1 */
+    int moe_x32;              /* precision bf16/fp16: the router's fp32 input, ln2 (16-bit) widened (N,C), else -1 */
     int moe_capacity;
     int64_t moe_rows;
     double moe_aux, moe_z;
@@ -395,6 +396,10 @@ int mf_tensor_weights_row(const mf_tensor *t);
  * model's emb_split; plain AdamW, 8-bit AdamW with a block per row, SGD). */
 int mf_model_emb_split(const mf_model *m);
 int mf_tensor_is16(const mf_model *m, const mf_tensor *t);
+/* 1 for a tensor that stays fp32 whatever the precision although it is a
+ * matrix: a mixture of experts' router (top-k decisions are brittle under
+ * 16-bit logits; docs/moe.md). */
+int mf_tensor_keep32(const char *name);
 /* Rounds the master weights of tensors [first, first+n) into their 16-bit
  * compute copies (nearest-even); tensors without a master row are skipped. */
 void mf_model_sync_params(const mf_model *m, const mf_arena *a, int first, int n);

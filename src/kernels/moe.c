@@ -429,3 +429,102 @@ void mf_moe_gather_backward(float *dx, const float *dxp, const int32_t *slot_row
         }
     }
 }
+
+/* ---- 16-bit experts (precision bf16 / fp16; docs/moe.md) ---------------- */
+
+/* The dense block's 16-bit recipe (blocks.c lin_fwd/lin_bwd, docs/
+ * precision.md) applied per expert: the GEMM inputs xp (gathered from the
+ * 16-bit ln2 rows, a copy) and ha are 16-bit, the weights are the 16-bit
+ * compute copies, every GEMM accumulates in fp32 into fp32 outputs (h1,
+ * h3, yp); backward rounds each output gradient (dyp, then dh1 and dh3)
+ * into d16 once before its two products. The experts run one after
+ * another (they share the planned GEMM scratch and d16), each GEMM
+ * parallel inside; gathers and scatters are mf_moe_gather's loops.
+ * A group of m rows runs as chunks of power-of-two rows (m = 13: 8, 4, 1;
+ * the weight gradients accumulate over them): oneDNN builds and caches a
+ * primitive per GEMM shape, and group sizes change every step, so whole
+ * groups made a new primitive per expert per step (the resident memory
+ * grew ~1 MiB a step on moe-tiny until the cache filled: the trainer's
+ * leak check stopped the run); chunks keep to log2(N) + 1 row counts. */
+static int moe_chunk(int m) {
+    int c = 1;
+    while (c <= m / 2) c *= 2;
+    return c;
+}
+
+int mf_moe_experts_forward16(mf_dtype dt, float *y, mf_moe_acts *a, const void *x, const mf_moe_route *r,
+                             const void *w1, const void *w3, const void *w2, const mf_moe_dims *d, void *scratch,
+                             size_t scratch_bytes) {
+    if (moe_check(d)) return -1;
+    const int N = d->N, C = d->C, F = d->F, E = d->E, k = d->k;
+    uint16_t *xp = (uint16_t *)a->xp, *ha = (uint16_t *)a->ha;
+    const uint16_t *x16 = x, *W1 = w1, *W3 = w3, *W2 = w2;
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_MOE_PAR_MIN)
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            const int row = a->slot_row[(size_t)n * k + j];
+            if (row >= 0) memcpy(xp + (size_t)row * C, x16 + (size_t)n * C, (size_t)C * sizeof(uint16_t));
+        }
+    for (int e = 0; e < E; e++) {
+        const int r0 = a->offsets[e], m = a->offsets[e + 1] - r0;
+        if (m == 0) continue;
+        const size_t wo = (size_t)e * F * C;
+        for (int c0 = 0, c; c0 < m; c0 += c) {
+            c = moe_chunk(m - c0);
+            const size_t q = (size_t)r0 + c0;
+            const uint16_t *xe = xp + q * C;
+            float *h1 = a->h1 + q * F, *h3 = a->h3 + q * F;
+            uint16_t *hae = ha + q * F;
+            mf_gemm16(dt, h1, xe, W1 + wo, NULL, c, F, C, 0, 1, 0, scratch, scratch_bytes);
+            mf_gemm16(dt, h3, xe, W3 + wo, NULL, c, F, C, 0, 1, 0, scratch, scratch_bytes);
+            mf_swiglu_forward16(hae, dt, h1, h3, (size_t)c * F);
+            mf_gemm16(dt, a->yp + q * C, hae, W2 + wo, NULL, c, C, F, 0, 1, 0, scratch, scratch_bytes);
+        }
+    }
+    mf_moe_combine(y, a->yp, a->slot_row, r->topk_w, N, k, C);
+    return 0;
+}
+
+int mf_moe_experts_backward16(mf_dtype dt, float *dx, float *dw1, float *dw3, float *dw2, mf_moe_work *w, void *d16,
+                              const float *dy, const mf_moe_acts *a, const mf_moe_route *r, const void *w1,
+                              const void *w3, const void *w2, const mf_moe_dims *d, void *scratch,
+                              size_t scratch_bytes) {
+    if (moe_check(d)) return -1;
+    const int N = d->N, C = d->C, F = d->F, E = d->E, k = d->k;
+    const uint16_t *xp = (const uint16_t *)a->xp, *ha = (const uint16_t *)a->ha;
+    const uint16_t *W1 = w1, *W3 = w3, *W2 = w2;
+    uint16_t *g16 = d16;
+    mf_moe_combine_backward(w->dyp, w->dtopk_w, dy, a->yp, a->slot_row, r->topk_w, N, k, C);
+    for (int e = 0; e < E; e++) {
+        const int r0 = a->offsets[e], m = a->offsets[e + 1] - r0;
+        if (m == 0) continue;
+        const size_t wo = (size_t)e * F * C;
+        for (int c0 = 0, c; c0 < m; c0 += c) {
+        c = moe_chunk(m - c0);
+        const size_t q = (size_t)r0 + c0, mf = (size_t)c * F;
+        const uint16_t *xe = xp + q * C;
+        const float *h1 = a->h1 + q * F, *h3 = a->h3 + q * F;
+        float *dyp = w->dyp + q * C, *dh1 = w->dh1 + q * F, *dh3 = w->dh3 + q * F;
+        mf_half_from_f32(dt, g16, dyp, (size_t)c * C);
+        mf_gemm16(dt, dh1, g16, W2 + wo, NULL, c, F, C, 0, 0, 0, scratch, scratch_bytes); /* dha, in dh1 */
+        if (dw2) mf_gemm16_dw(dt, dw2 + wo, 0, g16, ha + q * F, C, F, c, 1, 0, scratch, scratch_bytes);
+#pragma omp parallel for simd schedule(static) if (mf >= MF_MOE_PAR_MIN)
+        for (size_t i = 0; i < mf; i++) {
+            const float gt = h1[i], u = h3[i], dd = dh1[i];
+            const float sg = 1.0f / (1.0f + expf(-gt));
+            dh1[i] = dd * u * (sg * (1.0f + gt * (1.0f - sg)));
+            dh3[i] = dd * (gt * sg);
+        }
+        mf_half_from_f32(dt, g16, dh1, mf);
+        mf_half_from_f32(dt, g16 + mf, dh3, mf);
+        if (dw1) {
+            mf_gemm16_dw(dt, dw1 + wo, 0, g16, xe, F, C, c, 1, 0, scratch, scratch_bytes);
+            mf_gemm16_dw(dt, dw3 + wo, 0, g16 + mf, xe, F, C, c, 1, 0, scratch, scratch_bytes);
+        }
+        mf_gemm16(dt, dyp, g16, W1 + wo, NULL, c, C, F, 0, 0, 0, scratch, scratch_bytes);
+        mf_gemm16(dt, dyp, g16 + mf, W3 + wo, NULL, c, C, F, 0, 0, 1, scratch, scratch_bytes);
+        }
+    }
+    mf_moe_gather_backward(dx, w->dyp, a->slot_row, N, k, C);
+    return 0;
+}

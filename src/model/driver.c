@@ -33,9 +33,12 @@ void mf_model_zero_state(const mf_model *m, const mf_arena *a, const mf_tensor *
 
 int mf_tensor_weights_row(const mf_tensor *t) { return t->mw >= 0 ? t->mw : t->p; }
 
+int mf_tensor_keep32(const char *name) { return strstr(name, ".block_sparse_moe.gate.") != NULL; }
+
 int mf_tensor_is16(const mf_model *m, const mf_tensor *t) {
-    /* LoRA adapters stay fp32 under 16-bit compute (docs/lora.md) */
-    return m->cdt != MF_DTYPE_F32 && t->ndim == 2 && t->role != MF_ROLE_POS && !t->lora;
+    /* LoRA adapters stay fp32 under 16-bit compute (docs/lora.md), and so
+     * does a mixture's router (docs/moe.md) */
+    return m->cdt != MF_DTYPE_F32 && t->ndim == 2 && t->role != MF_ROLE_POS && !t->lora && !mf_tensor_keep32(t->name);
 }
 
 void mf_model_sync_params(const mf_model *m, const mf_arena *a, int first, int n) {

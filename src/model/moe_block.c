@@ -45,9 +45,25 @@ static mf_moe_acts acts_of(mf_arena *a, const mf_layer_acts *A) {
     return x;
 }
 
+/* precision bf16/fp16: ln2 is 16-bit (the block's norm wrote it as a dense
+ * block's GEMM input); the router runs fp32 on it widened into work.moe.x32
+ * (exactly the rounded values the experts read), the experts on the
+ * 16-bit compute copies of their stacks (mf_moe_experts_forward16). */
+static const float *router_input(mf_model *m, mf_arena *a, const void *ln2, int N) {
+    if (m->cdt == MF_DTYPE_F32) return ln2;
+    float *x = BUF(m->moe_x32);
+    mf_f32_from_half(m->cdt, x, ln2, (size_t)N * m->d.C);
+    return x;
+}
+
+static void gemm_scratch(mf_model *m, mf_arena *a, void **s, size_t *bytes) {
+    *s = mf_arena_get(a, m->gemm_scratch), *bytes = m->gemm_scratch_bytes;
+}
+
 void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2,
                           const float *xmid, float *out, int N, int recompute) {
     if (m->d.ep > 1) { mf_moe_ep_forward(m, a, l, A, ln2, xmid, out, N, recompute); return; }  /* moe_ep.c */
+    const int h16 = m->cdt != MF_DTYPE_F32;
     mf_moe_dims d = moe_dims(m, N);
     mf_moe_route r = route_of(a, A);
     mf_moe_acts x = acts_of(a, A);
@@ -59,7 +75,7 @@ void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *
     if (!recompute) {
         /* route once; a rebuild reads the kept decision (topk_idx, topk_w) */
         double aux = 0, z = 0;
-        if (mf_moe_router_forward(&r, &aux, &z, ln2, wg, &d)) mf_panic("moe: %s", mf_error());
+        if (mf_moe_router_forward(&r, &aux, &z, router_input(m, a, ln2, N), wg, &d)) mf_panic("moe: %s", mf_error());
         m->moe_aux += aux / m->d.L, m->moe_z += z / m->d.L;
         if (m->moe_count) mf_moe_count_tokens(m, l, &r, N);
     }
@@ -68,7 +84,14 @@ void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *
     /* a rebuild whose output row is not alive writes y into work.dln (free
      * until this layer's backward starts) */
     float *y = out ? out : BUF(m->dln);
-    if (mf_moe_experts_forward_ops(y, &x, ln2, &r, w1, w3, w2, &d, ops)) mf_panic("moe: %s", mf_error());
+    int rc;
+    if (h16) {
+        void *gs;
+        size_t gb;
+        gemm_scratch(m, a, &gs, &gb);
+        rc = mf_moe_experts_forward16(m->cdt, y, &x, ln2, &r, w1, w3, w2, &d, gs, gb);
+    } else rc = mf_moe_experts_forward_ops(y, &x, ln2, &r, w1, w3, w2, &d, ops);
+    if (rc) mf_panic("moe: %s", mf_error());
     if (!out) return;
     size_t n = (size_t)N * m->d.C;
 #pragma omp parallel for simd schedule(static)
@@ -92,8 +115,16 @@ void mf_moe_block_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts 
     float *dw2 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W2));
     float *dln = BUF(m->dln), *dres = BUF(m->dres);
     memset(dln, 0, (size_t)N * m->d.C * sizeof(float));
-    if (mf_moe_experts_backward_ops(dln, dw1, dw3, dw2, &w, dres, &x, &r, w1, w3, w2, &d, ops) ||
-        mf_moe_router_backward(dln, dwg, &w, &r, ln2, wg, m->d.aux_coef * m->moe_gscale / m->d.L,
-                               m->d.z_coef * m->moe_gscale / m->d.L, &d))
+    int rc;
+    if (m->cdt != MF_DTYPE_F32) {
+        void *gs;
+        size_t gb;
+        gemm_scratch(m, a, &gs, &gb);
+        rc = mf_moe_experts_backward16(m->cdt, dln, dw1, dw3, dw2, &w, mf_arena_get(a, m->dout16), dres, &x, &r, w1,
+                                       w3, w2, &d, gs, gb);
+    } else rc = mf_moe_experts_backward_ops(dln, dw1, dw3, dw2, &w, dres, &x, &r, w1, w3, w2, &d, ops);
+    if (rc || mf_moe_router_backward(dln, dwg, &w, &r, router_input(m, a, ln2, N), wg,
+                                     m->d.aux_coef * m->moe_gscale / m->d.L,
+                                     m->d.z_coef * m->moe_gscale / m->d.L, &d))
         mf_panic("moe: %s", mf_error());
 }

@@ -8,7 +8,12 @@
  *    e*out.. of lora_B (E*out, r); y += (alpha/r) x A_e^T B_e^T on the
  *    expert's group of permuted rows, u = x A_e^T in work.moe.lora_u's rows
  *    of that group (rebuilt in backward, as lora.h's kernels do).
- * Dropout is refused with expert targets (plan.c). And the per-layer count
+ * LoRA dropout (--lora dropout=P) as PEFT's lora.Linear applies it to each
+ * expert's input rows: a mask per (step, layer, projection, expert), drawn
+ * by mf_lora_dropout_seed's counter hash over the expert's group of
+ * permuted rows, so a rebuild under recompute draws the same mask; the
+ * dropped input goes to the phase's work.lora_drop row, each expert's group
+ * its own slice (rows r0.. of width win). And the per-layer count
  * of token-slots each expert was sent (moe_tokens: the report's and
  * memfit profile's imbalance table). */
 #include "internal.h"
@@ -51,6 +56,17 @@ static void adapter_of(mf_moe_expert_ctx *c, int e, int p, int *in, int *out, fl
     }
 }
 
+/* the dropout rows' width: the widest input of the run's targets (plan.c) */
+static int64_t drop_width(const mf_model *m) {
+    int64_t win = 0;
+    for (int k = 0; k < MF_LORA_TARGETS; k++) {
+        int in, out;
+        mf_model_lora_dims(&m->d, k, &in, &out);
+        if (m->lora.targets >> k & 1 && in > win) win = in;
+    }
+    return win;
+}
+
 /* row id of the arena, for a hook (see adapter_of) */
 static float *hook_row(mf_moe_expert_ctx *c, int id) {
     float *x;
@@ -59,26 +75,45 @@ static float *hook_row(mf_moe_expert_ctx *c, int id) {
     return x;
 }
 
+/* expert e's dropout for projection p: probability, seed and its slice of
+ * the phase's dropout row (NULL, 0 without dropout) */
+static float expert_drop(mf_moe_expert_ctx *c, int e, int p, int r0, float **xd, uint64_t *seed) {
+    mf_model *m = c->m;
+    *xd = NULL, *seed = 0;
+    if (!m->lora_drop) return 0.0f;
+    int bwd = m->mode == MF_MODE_TRAIN && c->a->phase >= mf_phase_head_bwd(m);
+    *xd = hook_row(c, bwd ? m->lora_xb : m->lora_xf) + (size_t)r0 * drop_width(m);
+    /* the dense target's seed, mixed again with the expert: PEFT's experts
+     * are separate modules with separate dropout draws */
+    *seed = mf_lora_dropout_seed(mf_lora_dropout_seed(m->lora_seed, m->lora_micro, c->l, moe_targets[p]), (uint64_t)e,
+                                 0, 0);
+    return m->lora.dropout;
+}
+
 static void expert_lora_fwd(void *ctx, int e, int p, const float *x, float *y, int n, int r0) {
     mf_moe_expert_ctx *c = ctx;
     if (c->lora[p] < 0) return;
     int in, out, r = c->m->lora.r;
-    float *A, *B;
+    float *A, *B, *xd;
+    uint64_t ds;
     adapter_of(c, e, p, &in, &out, &A, &B, NULL, NULL);
     float *u = hook_row(c, c->m->moe_lora_u) + (size_t)r0 * r;
-    mf_lora_forward(y, u, NULL, x, A, B, n, in, out, r, mf_lora_scale(&c->m->lora), 0.0f, 0);
+    float pd = expert_drop(c, e, p, r0, &xd, &ds);
+    mf_lora_forward(y, u, xd, x, A, B, n, in, out, r, mf_lora_scale(&c->m->lora), pd, ds);
 }
 
 static void expert_lora_bwd(void *ctx, int e, int p, const float *dy, const float *x, float *dx, int n, int r0) {
     mf_moe_expert_ctx *c = ctx;
     if (c->lora[p] < 0) return;
     int in, out, r = c->m->lora.r;
-    float *A, *B, *dA, *dB;
+    float *A, *B, *dA, *dB, *xd;
+    uint64_t ds;
     adapter_of(c, e, p, &in, &out, &A, &B, &dA, &dB);
     float *u = hook_row(c, c->m->moe_lora_u) + (size_t)r0 * r;
     float *du = hook_row(c, c->m->moe_lora_du) + (size_t)r0 * r;
-    mf_lora_backward_params(du, dA, dB, u, NULL, dy, x, A, B, n, in, out, r, mf_lora_scale(&c->m->lora), 0.0f, 0);
-    mf_lora_backward_input(dx, NULL, du, A, n, in, r, 0.0f, 0);
+    float pd = expert_drop(c, e, p, r0, &xd, &ds);
+    mf_lora_backward_params(du, dA, dB, u, xd, dy, x, A, B, n, in, out, r, mf_lora_scale(&c->m->lora), pd, ds);
+    mf_lora_backward_input(dx, xd, du, A, n, in, r, pd, ds);
 }
 
 const mf_moe_expert_ops *mf_moe_expert_setup(mf_model *m, mf_arena *a, int l, mf_moe_expert_ctx *c,

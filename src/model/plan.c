@@ -118,7 +118,8 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
      * frozen; under 16-bit compute the adapters stay fp32 (their own master) */
     t->lora = strstr(name, ".lora_") != NULL;
     t->os = (mf_optim_shape){ndim, d0, ndim > 1 ? d1 : 1, role == MF_ROLE_EMB,
-                             m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS && !t->lora};
+                             m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS && !t->lora &&
+                                 !mf_tensor_keep32(name)};
     t->lo = 0;
     t->hi = t->numel;
     t->frozen = (m->lora.r > 0 || mf_model_quant_infer(m)) && !t->lora;
@@ -151,8 +152,9 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
      * the embedding adds) get a 16-bit compute row, plus an fp32 master
      * row the optimizer updates; vectors stay fp32 (they are their own
      * master). LoRA: a frozen base matrix has its 16-bit row only (no
-     * update, so no master); the adapters are fp32 (mf_tensor_is16) */
-    int h16 = m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS && !t->lora;
+     * update, so no master); the adapters are fp32 (mf_tensor_is16), and so
+     * is a mixture's router (mf_tensor_keep32) */
+    int h16 = m->cdt != MF_DTYPE_F32 && ndim == 2 && role != MF_ROLE_POS && !t->lora && !mf_tensor_keep32(name);
     if (shard && m->opt.zero >= 3) {
         /* ZeRO 3: a rank keeps its shard; the whole tensor is gathered
          * into a row that lives only in the phases that read it. A block's
@@ -278,12 +280,20 @@ static int gemm_shapes(const mf_dims *d, int N, int R, int train, gemm_shape_fn 
         if (mf_moe_buffer_sizes(NULL, NULL, &G, N, d->top_k, E, C, F, d->capacity_factor)) return -1;
         /* expert parallel: an expert's group gathers the whole expert group's tokens */
         if (d->ep > 1 && mf_moe_ep_bounds(d, N, NULL, NULL, &G, NULL)) return -1;
-        int g = (int)G;
-        if (fn(ctx, N, E, C, 0, 1, 0, 0) || fn(ctx, g, F, C, 0, 1, 0, 0) || fn(ctx, g, C, F, 0, 1, 0, 0)) return -1;
-        if (train && (fn(ctx, E, C, N, 1, 0, 1, 0) || fn(ctx, N, C, E, 0, 0, 1, 0) || fn(ctx, g, F, C, 0, 0, 0, 0) ||
-                      fn(ctx, C, F, g, 1, 0, 1, 0) || fn(ctx, F, C, g, 1, 0, 1, 0) || fn(ctx, g, C, F, 0, 0, 0, 0) ||
-                      fn(ctx, g, C, F, 0, 0, 1, 0)))
+        if (fn(ctx, N, E, C, 0, 1, 0, 0) || (train && (fn(ctx, E, C, N, 1, 0, 1, 0) || fn(ctx, N, C, E, 0, 0, 1, 0))))
             return -1;
+        /* g = the largest group (fp32), then every power of two below it:
+         * the 16-bit experts run a group as power-of-two chunks */
+        int sz[40], ns = 0, p2 = 1;
+        while (p2 <= G / 2) p2 *= 2;
+        for (sz[ns++] = (int)G; p2 >= 1; p2 /= 2) sz[ns++] = p2;
+        for (int i = 0; i < ns; i++) {
+            const int g = sz[i];
+            if (fn(ctx, g, F, C, 0, 1, 0, 0) || fn(ctx, g, C, F, 0, 1, 0, 0)) return -1;
+            if (train && (fn(ctx, g, F, C, 0, 0, 0, 0) || fn(ctx, C, F, g, 1, 0, 1, 0) || fn(ctx, F, C, g, 1, 0, 1, 0) ||
+                          fn(ctx, g, C, F, 0, 0, 0, 0) || fn(ctx, g, C, F, 0, 0, 1, 0)))
+                return -1;
+        }
     }
     int rows[3] = {R, 1, N < R ? N : R};
     for (int k = 0; k < 3; k++)
@@ -516,7 +526,9 @@ static void moe_layer_rows(mf_model *m, adder *ad, int l, mf_layer_acts *A, mf_l
     for (int b = 0; b < MF_MOE_BUF_DLOGITS; b++) {
         mf_dtype dt = b == MF_MOE_BUF_TOPK_IDX || b == MF_MOE_BUF_OFFSETS || b == MF_MOE_BUF_SLOT_ROW ? MF_DTYPE_I32
                                                                                                     : MF_DTYPE_F32;
-        int64_t n = (int64_t)(bytes[b] / 4);
+        /* 16-bit precision: the experts' GEMM inputs (bytes already halved) */
+        if (m->cdt != MF_DTYPE_F32 && (b == MF_MOE_BUF_XP || b == MF_MOE_BUF_HA)) dt = m->cdt;
+        int64_t n = (int64_t)(bytes[b] / (dt == MF_DTYPE_F32 || dt == MF_DTYPE_I32 ? 4 : 2));
         const char *bn = mf_moe_buf_name((mf_moe_buf)b);
         if (whole && b > MF_MOE_BUF_FRAC) {
             if (l == s) {
@@ -613,9 +625,6 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
                                : llama ? "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
                                        : "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj");
         }
-        if (m->lora.targets & MF_LORA_MOE_TARGETS && m->lora.dropout > 0)
-            return mf_fail("lora: dropout %g with adapters on the experts (w1, w2, w3) is not supported yet; use "
-                           "dropout=0 or attention targets only", (double)m->lora.dropout);
     }
     m->lora_u = m->lora_du = m->lora_xf = m->lora_xb = m->qscr_f = m->qscr_b = -1;
     m->comm = -1;
@@ -644,8 +653,15 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (d->shared_ffn > 0 && m->cdt != MF_DTYPE_F32)  /* moe_shared.c's gate reads fp32 rows */
         return mf_fail("precision %s: Qwen2-MoE's shared expert is fp32 only (use --precision fp32)",
                        m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16");
-    if (d->n_experts > 0 && m->cdt != MF_DTYPE_F32)
-        return mf_fail("precision %s: the mixture-of-experts kernels are fp32 only (use --precision fp32)",
+    /* 16-bit experts (moe_block.c): the router stays fp32; expert parallel,
+     * bf16 gradient rows and adapters run with fp32 experts only */
+    if (d->n_experts > 0 && m->cdt != MF_DTYPE_F32 && d->ep > 1 && m->opt.world > 1)
+        return mf_fail("precision %s with expert_parallel %d: the exchanged experts are fp32 only (use --precision "
+                       "fp32)", m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16", d->ep);
+    if (d->n_experts > 0 && mode == MF_MODE_TRAIN && m->opt.grad16)
+        return mf_fail("grad_dtype bf16 with a mixture of experts is not supported yet (use grad_dtype fp32)");
+    if (d->n_experts > 0 && m->cdt != MF_DTYPE_F32 && m->lora.r > 0)
+        return mf_fail("lora with precision %s on a mixture of experts is not supported yet (use --precision fp32)",
                        m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16");
     if (B < 1 || T < 1) return mf_fail("batch and seq must be >= 1 (got %d, %d)", B, T);
     if (T > d->maxT) return mf_fail("seq %d exceeds the model's block_size %d", T, d->maxT);
@@ -764,7 +780,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
      * for N tokens and the run's capacity factor */
     size_t moe_bytes[MF_MOE_BUF_COUNT];
     for (int b = 0; b < MF_MOE_BUF_COUNT; b++) m->moe_work[b] = -1;
-    m->moe_deq_f = m->moe_deq_b = m->moe_lora_u = m->moe_lora_du = -1;
+    m->moe_deq_f = m->moe_deq_b = m->moe_lora_u = m->moe_lora_du = m->moe_x32 = -1;
     m->moe_capacity = 0, m->moe_rows = 0;
     if (bd->mlp == MF_MLP_MOE && !(m->moe_tokens = calloc((size_t)L * d->n_experts, sizeof *m->moe_tokens))) {
         mf_model_free(m);
@@ -777,6 +793,10 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         mf_model_free(m);
         return -1;
     }
+    /* 16-bit experts: the GEMM inputs xp and ha are kept in 16 bits, as a
+     * dense block's ln2 and h are (moe_block.c) */
+    if (bd->mlp == MF_MLP_MOE && m->cdt != MF_DTYPE_F32)
+        moe_bytes[MF_MOE_BUF_XP] /= 2, moe_bytes[MF_MOE_BUF_HA] /= 2;
     int ep = bd->mlp == MF_MLP_MOE && m->d.ep > 1;
     m->moe_ep_send = m->moe_ep_recv = 0;
     for (int b = 0; b < 5; b++) m->moe_ep_work[b] = -1;
@@ -993,9 +1013,12 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             }
         }
         if (train && (m->lora.dropout > 0 || x32)) {
-            m->lora_xf = add(&ad, x32 ? "work.lora_x32.fwd" : "work.lora_drop.fwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win,
+            /* adapters on the experts drop each permuted row's input
+             * (moe_lora.c): R rows, each expert's group its slice */
+            int64_t dn = m->lora.targets & MF_LORA_MOE_TARGETS && m->moe_rows > N ? m->moe_rows : N;
+            m->lora_xf = add(&ad, x32 ? "work.lora_x32.fwd" : "work.lora_drop.fwd", MF_CAT_WORK, MF_DTYPE_F32, 2, dn, win,
                              0, 0, f0, f1, -1);
-            m->lora_xb = add(&ad, x32 ? "work.lora_x32.bwd" : "work.lora_drop.bwd", MF_CAT_WORK, MF_DTYPE_F32, 2, N, win,
+            m->lora_xb = add(&ad, x32 ? "work.lora_x32.bwd" : "work.lora_drop.bwd", MF_CAT_WORK, MF_DTYPE_F32, 2, dn, win,
                              0, 0, b0, b1, -1);
         }
         if (m->lora.base) {
@@ -1016,6 +1039,12 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         m->qscr_f = add(&ad, "work.quant_gemm.fwd", MF_CAT_WORK, MF_DTYPE_U8, 1, qs, 0, 0, 0, mf_phase_layer_fwd(m, 0),
                         bd->bf16_frozen_embed ? mf_phase_head_fwd(m) : mf_phase_layer_fwd(m, L - 1), -1);
     }
+    if (bd->mlp == MF_MLP_MOE && m->cdt != MF_DTYPE_F32)
+        /* 16-bit experts: the fp32 router reads ln2 (16-bit, as a dense
+         * block's) widened into this row, in a layer's forward and again in
+         * its backward */
+        m->moe_x32 = add(&ad, "work.moe.x32", MF_CAT_WORK, MF_DTYPE_F32, 2, N, C, 0, 0, mf_phase_layer_fwd(m, 0),
+                         train ? mf_phase_layer_bwd(m, 0) : mf_phase_layer_fwd(m, L - 1), -1);
     if (bd->mlp == MF_MLP_MOE && m->lora.base && m->lora.r > 0) {
         /* quantised experts: one expert's three matrices dequantised to
          * fp32 at a time for the kernels (mf_moe_expert_ops.weights; the
@@ -1036,6 +1065,9 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
          * Llama's MLP width or its query heads) */
         int64_t dw16 = I > AO ? I : AO;
         if (dw16 < C) dw16 = C;
+        /* the experts round dh1 and dh3 of one expert's group (<= N rows)
+         * side by side (mf_moe_experts_backward16) */
+        if (bd->mlp == MF_MLP_MOE && 2 * I > dw16) dw16 = 2 * I;
         m->in16 = add(&ad, "work.gemm_in16", MF_CAT_WORK, m->cdt, 2, N, AO > C ? AO : C, 0, 0, g0, g1, -1);
         if (train) {
             m->dout16 = add(&ad, "work.gemm_dout16", MF_CAT_WORK, m->cdt, 2, N, dw16, 0, 0,
