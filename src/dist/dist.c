@@ -595,12 +595,17 @@ static float *g_gacc[GATHER_MAX], *g_gscr;
 static int64_t g_gscrn;
 static int g_gallreduce;  /* the job all-reduces (ZeRO 0's overlap) */
 static char g_gerr[1024]; /* the thread's error message (mf_error is per thread) */
+static int (*g_gfn)(void *);  /* mf_dist_job_start's job, and its argument */
+static void *g_gctx;
 
 static void *gather_thread(void *arg) {
     (void)arg;
     int was = t_in_job;
     t_in_job = 1;
     double t0 = mf_time_now();
+    int (*fn)(void *) = g_gfn;
+    g_gfn = NULL;
+    if (fn && fn(g_gctx)) g_grc = -1;
     for (int i = 0; i < g_ng && !g_grc; i++) {
         if (g_gallreduce) {
             if (mf_dist_allreduce(g_gx[i], g_gn[i], g_gscr, g_gscrn)) g_grc = -1;
@@ -657,6 +662,13 @@ static int job_start(float *const *x, const int64_t *n, float *const *acc, int k
     g_t_wait += mf_time_now() - t0;
     g_ng = 0;
     return g_grc;
+}
+
+int mf_dist_job_start(int (*fn)(void *ctx), void *ctx) {
+    if (g_world == 1) return 0;
+    if (mf_dist_gather_wait()) return -1;
+    g_gfn = fn, g_gctx = ctx;
+    return job_start(NULL, NULL, NULL, 0, NULL, 0, 0);
 }
 
 int mf_dist_gather_start(float *const *x, const int64_t *n, int k) { return job_start(x, n, NULL, k, NULL, 0, 0); }

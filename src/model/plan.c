@@ -593,9 +593,8 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (m->cdt != MF_DTYPE_F32 && m->opt.zero >= 1 && m->opt.world > 1)
         return mf_fail("precision %s with zero %d: ZeRO sharding of 16-bit weights is not supported yet (use zero 0 "
                        "or precision fp32)", m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16", m->opt.zero);
-    if (mode == MF_MODE_TRAIN && m->opt.grad16 && m->opt.world > 1)
-        return mf_fail("grad_dtype bf16 with data parallel (mpirun, %d ranks) is not supported yet (MPI has no bf16 "
-                       "sum); train in one process or use grad_dtype fp32", m->opt.world);
+    /* grad_dtype bf16 over the ranks: ZeRO 0 (the refusal above covers 1-3),
+     * each row summed in fp32 through comm.bucket (dist/grad16.c) */
     if (mode == MF_MODE_TRAIN && m->opt.grad16 && d->share && d->share < d->L)
         return mf_fail("grad_dtype bf16 with share_layers %d is not supported (a shared set's gradient would be "
                        "rounded once per block); use grad_dtype fp32", d->share);
