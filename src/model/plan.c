@@ -24,6 +24,7 @@
 #include "quant/quant.h"
 
 #include <math.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -327,6 +328,18 @@ size_t mf_model_gemm_scratch_need(const mf_model *m, int N) {
     return c.mx;
 }
 
+/* The warm-up's operands and scratch (the step's are arena rows) are
+ * mapped and unmapped, not malloc'd: freed heap chunks stay resident
+ * (M_TRIM_THRESHOLD, train.c) and were in the baseline the plan is checked
+ * against, where a step's unplanned malloc of up to their size (~65 MiB
+ * for gpt2-10m) reused them without moving the peak RSS. What the GEMM
+ * library mallocs itself stays in the heap for the step, as intended. */
+static void *warm_map(size_t n) {
+    void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+static void warm_unmap(void *p, size_t n) { if (p) munmap(p, n ? n : 1); }
+
 static int warm_one(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias) {
     const scratch_ctx *w = ctx;
     mf_dtype dt = w->dt;
@@ -334,13 +347,15 @@ static int warm_one(void *ctx, int M, int N, int K, int tA, int tB, int acc, int
     size_t sb = c16 ? mf_gemm_bf16_scratch_bytes(M, N, K, tA, tB, acc, 1, bias)
                     : mf_gemm16_scratch_bytes(dt, M, N, K, tA, tB, acc, bias);
     if (sb == SIZE_MAX) return -1;
-    void *a = calloc((size_t)M * K, 2), *b = calloc((size_t)K * N, 2), *s = calloc(sb ? sb : 1, 1);
-    float *c = calloc((size_t)M * N, sizeof(float)), *bi = calloc((size_t)N, sizeof(float));
+    size_t na = (size_t)M * K * 2, nb = (size_t)K * N * 2, ns = sb ? sb : 1, nc = (size_t)M * N * sizeof(float),
+           nbi = (size_t)N * sizeof(float);
+    void *a = warm_map(na), *b = warm_map(nb), *s = warm_map(ns);
+    float *c = warm_map(nc), *bi = warm_map(nbi);
     if (a && b && s && c && bi) {
-        if (c16) mf_gemm_bf16_sized(c, a, b, NULL, M, N, K, tA, tB, acc, 1, s, sb ? sb : 1);
-        else mf_gemm16(dt, c, a, b, bias ? bi : NULL, M, N, K, tA, tB, acc, s, sb ? sb : 1);
+        if (c16) mf_gemm_bf16_sized(c, a, b, NULL, M, N, K, tA, tB, acc, 1, s, ns);
+        else mf_gemm16(dt, c, a, b, bias ? bi : NULL, M, N, K, tA, tB, acc, s, ns);
     }
-    free(a); free(b); free(s); free(c); free(bi);
+    warm_unmap(a, na); warm_unmap(b, nb); warm_unmap(s, ns); warm_unmap(c, nc); warm_unmap(bi, nbi);
     return 0;
 }
 
