@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peak RSS of real training runs is within max(3%, 32 MiB) of the measured
+# Peak RSS of real training runs is within max(1%, 24 MiB) of the measured
 # baseline plus the planned arena, and the ledger equals the plan, for
 # models from 1M to 124M parameters, every recompute policy, every
 # optimizer, every precision (bf16 without master weights updated in
@@ -8,6 +8,13 @@
 # Llama-family models (from a preset and from a Hugging Face folder), a
 # mixture of experts, and chat data (JSONL, packed and not).
 # (Release build only: sanitizers change the process's memory.)
+# The bound is what lets an unplanned 64 MiB touched in a step fail it, for
+# every case here up to gpt2-124m's 2.5 GiB (measured: +64 MiB over the
+# prediction, where the cases without it measure +0.0 to +10.7 MiB). It also
+# needs the baseline to hold no free heap the step could take without
+# faulting: the 16-bit GEMM warm-up's operands were calloc'd, and their
+# ~65 MiB of freed, resident heap (glibc keeps up to M_TRIM_THRESHOLD)
+# took such a malloc with no change in RSS (+0.1 MiB); they are mapped now.
 set -u
 M=${MEMFIT_BIN:?}
 W=$(mktemp -d /tmp/memfit-rss-XXXXXX)
@@ -23,10 +30,11 @@ import json, sys
 m = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 pred = m["rss_baseline_bytes"] + m["arena_bytes"]
 rss = m["rss_peak_bytes"]
-tol = max(0.03 * pred, 32 * 2**20)
+tol = max(0.01 * pred, 24 * 2**20)
 ok = abs(rss - pred) <= tol and m["ledger_peak_bytes"] == m["planned_peak_bytes"]
-print("%s %s: predicted %.1f MiB, peak RSS %.1f MiB (%+.2f%%), ledger %s plan" % (
+print("%s %s: predicted %.1f MiB, peak RSS %.1f MiB (%+.2f%%, %+.1f MiB; bound %.1f MiB), ledger %s plan" % (
     "ok  " if ok else "FAIL", sys.argv[2], pred / 2**20, rss / 2**20, 100.0 * (rss - pred) / pred,
+    (rss - pred) / 2**20, tol / 2**20,
     "==" if m["ledger_peak_bytes"] == m["planned_peak_bytes"] else "!="))
 sys.exit(0 if ok else 1)
 PY

@@ -605,7 +605,7 @@ void mf_dist_comm_times(double *sync_s, double *bg_s, double *wait_s) {
 
 #define JOB_TENSORS 64 /* tensors per job (a block has MF_LAYER_TENSORS) */
 #define JOB_QUEUE 8    /* jobs queued at once (stage 3 has three: reduce, prefetch, reduce) */
-typedef enum { JOB_GATHER, JOB_REDUCE, JOB_ALLREDUCE } job_kind;
+typedef enum { JOB_GATHER, JOB_REDUCE, JOB_ALLREDUCE, JOB_FN } job_kind;
 typedef struct {
     job_kind kind;
     int k;
@@ -614,7 +614,13 @@ typedef struct {
     float *scr;                               /* the reduce-scatter's bucket scratch */
     int64_t scrn;
     double t_queued;
+    int (*fn)(void *); /* JOB_FN: mf_dist_job_start's function and argument */
+    void *ctx;
 } job_t;
+/* mf_dist_job_start's job (grad16.c): fn(ctx) runs on the worker in
+ * queue order, as a gradient reduction */
+static int (*g_fn_next)(void *);
+static void *g_ctx_next;
 static job_t g_jobs[JOB_QUEUE];             /* job t in slot (t - 1) % JOB_QUEUE */
 static long g_jdone;                        /* jobs finished (the worker runs job g_jdone + 1 next) */
 static long g_jgather;                      /* ticket of the last all-gather queued (the prefetch) */
@@ -629,7 +635,7 @@ static pthread_cond_t g_jcv_work = PTHREAD_COND_INITIALIZER, g_jcv_done = PTHREA
 static double g_trace_t0;
 
 static const char *job_name(job_kind k) {
-    return k == JOB_GATHER ? "allgather" : k == JOB_REDUCE ? "reduce_scatter" : "allreduce";
+    return k == JOB_GATHER ? "allgather" : k == JOB_REDUCE ? "reduce_scatter" : k == JOB_FN ? "job" : "allreduce";
 }
 
 static void trace_open(void) {
@@ -643,6 +649,7 @@ static void trace_open(void) {
 
 /* One job's collectives, on the worker (or on the caller without a thread). */
 static int job_run(const job_t *j) {
+    if (j->kind == JOB_FN) return j->fn(j->ctx);
     for (int i = 0; i < j->k; i++) {
         if (j->kind == JOB_ALLREDUCE) {
             if (mf_dist_allreduce(j->x[i], j->n[i], j->scr, j->scrn)) return -1;
@@ -752,6 +759,8 @@ static int job_start(job_kind kind, float *const *x, const int64_t *n, float *co
     job_t *j = &g_jobs[(t - 1) % JOB_QUEUE];  /* free: job t - JOB_QUEUE is done */
     j->kind = kind;
     j->k = k;
+    j->fn = g_fn_next;
+    j->ctx = g_ctx_next;
     for (int i = 0; i < k; i++) j->x[i] = x[i], j->n[i] = n[i], j->acc[i] = acc ? acc[i] : NULL;
     j->scr = scratch;
     j->scrn = scratch_n;
@@ -773,6 +782,14 @@ static int job_start(job_kind kind, float *const *x, const int64_t *n, float *co
     g_t_wait += mf_time_now() - t0;
     pthread_mutex_unlock(&g_jmu);
     return jobs_wait(t);
+}
+
+int mf_dist_job_start(int (*fn)(void *ctx), void *ctx) {
+    if (g_world == 1) return 0;
+    g_fn_next = fn, g_ctx_next = ctx;
+    int rc = job_start(JOB_FN, NULL, NULL, NULL, 0, NULL, 0);
+    g_fn_next = NULL, g_ctx_next = NULL;
+    return rc;
 }
 
 int mf_dist_gather_start(float *const *x, const int64_t *n, int k) { return job_start(JOB_GATHER, x, n, NULL, k, NULL, 0); }

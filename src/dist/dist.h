@@ -119,6 +119,11 @@ int mf_dist_reduce_start(float *const *x, const int64_t *n, float *const *acc, i
 /* acc == NULL: the reduced shard stays in x (ZeRO 1's overlap). The same
  * for an all-reduce of x[0..k) in place (ZeRO 0's overlap). */
 int mf_dist_allreduce_start(float *const *x, const int64_t *n, int k, float *scratch, int64_t scratch_n);
+/* Background job of the caller's own: a thread runs fn(ctx) (which makes
+ * collectives of this file) as it runs the jobs above, joined by
+ * mf_dist_gather_wait or the caller's next collective; fn's -1 fails the
+ * join with fn's message. For grad16.c. */
+int mf_dist_job_start(int (*fn)(void *ctx), void *ctx);
 /* Seconds so far in collectives the main thread ran itself (sync), in
  * background collectives (bg), and that the main thread waited for
  * background ones to finish (wait): bg - wait of the communication was
@@ -191,6 +196,20 @@ const char *mf_dist_rank_path(const char *path, char *buf, size_t n);
  * fd is the same file (host, device, inode) as another rank's, as when a
  * rank's path is a link to another's. 0 on one rank. */
 int mf_dist_file_private(int fd, const char *path);
+
+/* ---- bf16 gradients (grad16.c) ----------------------------------------- */
+
+/* grad_dtype bf16 over the ranks: the bf16 row g[n] summed in fp32, a
+ * piece at a time widened into bucket[bucket_n] (the comm.bucket row),
+ * all-reduced (mf_dist_allreduce) and rounded to nearest-even back into g:
+ * one rounding of the sum, the same bits on every rank. */
+int mf_grad16_allreduce(uint16_t *g, int64_t n, float *bucket, int64_t bucket_n);
+/* The same for k gradient rows (g16[i]: row i is bf16, else fp32 and
+ * all-reduced in place) in a background job (ZeRO 0's overlap); the bucket
+ * and the rows stay untouched until mf_dist_gather_wait. */
+int mf_grad16_allreduce_start(void *const *g, const int64_t *n, const int *g16, int k, float *bucket, int64_t bucket_n);
+/* Sum of squares of a bf16 row, widened, in double. */
+double mf_grad16_sumsq(const uint16_t *g, int64_t n);
 
 /* ---- ZeRO ------------------------------------------------------------- */
 

@@ -110,8 +110,10 @@ int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *x = &m->tensors[i];
         float *g = mf_arena_get(a, x->g);
-        /* expert parallel: an expert's gradient over the ranks holding it */
+        /* expert parallel: an expert's gradient over the ranks holding it;
+         * grad_dtype bf16 (ZeRO 0): summed in fp32 through the bucket (grad16.c) */
         int rc = x->ep_full > 0 ? mf_dist_ep_allreduce(g, x->numel)
+               : x->g16 ? mf_grad16_allreduce((uint16_t *)g, x->numel, ring, rn)
                : m->opt.zero == 0 ? mf_dist_allreduce(g, x->numel, ring, rn) : mf_dist_reduce_scatter(g, x->numel, ring, rn);
         if (rc) return -1;
     }
@@ -130,8 +132,13 @@ int mf_zero_grads_ready(mf_model *m, mf_arena *a, int first, int n) {
         float *x[MF_LAYER_TENSORS];
         int64_t numel[MF_LAYER_TENSORS];
         if (n > MF_LAYER_TENSORS) return mf_fail("%d tensors in one gradient reduction (a block has %d)", n, MF_LAYER_TENSORS);
-        for (int i = 0; i < n; i++) x[i] = mf_arena_get(a, m->tensors[first + i].g), numel[i] = m->tensors[first + i].numel;
+        int g16[MF_LAYER_TENSORS], any16 = 0;
+        for (int i = 0; i < n; i++) {
+            x[i] = mf_arena_get(a, m->tensors[first + i].g), numel[i] = m->tensors[first + i].numel;
+            any16 |= g16[i] = m->tensors[first + i].g16;
+        }
         g_ov_done += n;
+        if (any16) return mf_grad16_allreduce_start((void *const *)x, numel, g16, n, ring, rn);
         return m->opt.zero == 0 ? mf_dist_allreduce_start(x, numel, n, ring, rn) : mf_dist_reduce_start(x, numel, NULL, n, ring, rn);
     }
     if (m->overlap && a->phase != mf_phase_emb_bwd(m)) {
@@ -165,7 +172,8 @@ int mf_zero_grad_sumsq(mf_model *m, mf_arena *a, double *out) {
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *x = &m->tensors[i];
         const float *g = x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo;
-        if (x->ep_full > 0) se += mf_sumsq(g, (size_t)(x->hi - x->lo));
+        if (x->g16 && x->gs < 0) ss += mf_grad16_sumsq((const uint16_t *)mf_arena_get(a, x->g) + x->lo, x->hi - x->lo);
+        else if (x->ep_full > 0) se += mf_sumsq(g, (size_t)(x->hi - x->lo));
         else ss += mf_sumsq(g, (size_t)(x->hi - x->lo));
     }
     /* expert parallel: each rank of an expert group holds its experts' part */

@@ -24,6 +24,7 @@
 #include "quant/quant.h"
 
 #include <math.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -341,6 +342,18 @@ size_t mf_model_gemm_scratch_need(const mf_model *m, int N) {
     return c.mx;
 }
 
+/* The warm-up's operands and scratch (the step's are arena rows) are
+ * mapped and unmapped, not malloc'd: freed heap chunks stay resident
+ * (M_TRIM_THRESHOLD, train.c) and were in the baseline the plan is checked
+ * against, where a step's unplanned malloc of up to their size (~65 MiB
+ * for gpt2-10m) reused them without moving the peak RSS. What the GEMM
+ * library mallocs itself stays in the heap for the step, as intended. */
+static void *warm_map(size_t n) {
+    void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+static void warm_unmap(void *p, size_t n) { if (p) munmap(p, n ? n : 1); }
+
 static int warm_one(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias) {
     const scratch_ctx *w = ctx;
     mf_dtype dt = w->dt;
@@ -348,13 +361,15 @@ static int warm_one(void *ctx, int M, int N, int K, int tA, int tB, int acc, int
     size_t sb = c16 ? mf_gemm_bf16_scratch_bytes(M, N, K, tA, tB, acc, 1, bias)
                     : mf_gemm16_scratch_bytes(dt, M, N, K, tA, tB, acc, bias);
     if (sb == SIZE_MAX) return -1;
-    void *a = calloc((size_t)M * K, 2), *b = calloc((size_t)K * N, 2), *s = calloc(sb ? sb : 1, 1);
-    float *c = calloc((size_t)M * N, sizeof(float)), *bi = calloc((size_t)N, sizeof(float));
+    size_t na = (size_t)M * K * 2, nb = (size_t)K * N * 2, ns = sb ? sb : 1, nc = (size_t)M * N * sizeof(float),
+           nbi = (size_t)N * sizeof(float);
+    void *a = warm_map(na), *b = warm_map(nb), *s = warm_map(ns);
+    float *c = warm_map(nc), *bi = warm_map(nbi);
     if (a && b && s && c && bi) {
-        if (c16) mf_gemm_bf16_sized(c, a, b, NULL, M, N, K, tA, tB, acc, 1, s, sb ? sb : 1);
-        else mf_gemm16(dt, c, a, b, bias ? bi : NULL, M, N, K, tA, tB, acc, s, sb ? sb : 1);
+        if (c16) mf_gemm_bf16_sized(c, a, b, NULL, M, N, K, tA, tB, acc, 1, s, ns);
+        else mf_gemm16(dt, c, a, b, bias ? bi : NULL, M, N, K, tA, tB, acc, s, ns);
     }
-    free(a); free(b); free(s); free(c); free(bi);
+    warm_unmap(a, na); warm_unmap(b, nb); warm_unmap(s, ns); warm_unmap(c, nc); warm_unmap(bi, nbi);
     return 0;
 }
 
@@ -644,9 +659,8 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (m->cdt != MF_DTYPE_F32 && m->opt.zero >= 1 && m->opt.world > 1)
         return mf_fail("precision %s with zero %d: ZeRO sharding of 16-bit weights is not supported yet (use zero 0 "
                        "or precision fp32)", m->cdt == MF_DTYPE_BF16 ? "bf16" : "fp16", m->opt.zero);
-    if (mode == MF_MODE_TRAIN && m->opt.grad16 && m->opt.world > 1)
-        return mf_fail("grad_dtype bf16 with data parallel (mpirun, %d ranks) is not supported yet (MPI has no bf16 "
-                       "sum); train in one process or use grad_dtype fp32", m->opt.world);
+    /* grad_dtype bf16 over the ranks: ZeRO 0 (the refusal above covers 1-3),
+     * each row summed in fp32 through comm.bucket (dist/grad16.c) */
     if (mode == MF_MODE_TRAIN && m->opt.grad16 && d->share && d->share < d->L)
         return mf_fail("grad_dtype bf16 with share_layers %d is not supported (a shared set's gradient would be "
                        "rounded once per block); use grad_dtype fp32", d->share);
