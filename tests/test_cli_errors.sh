@@ -92,7 +92,7 @@ expect_error lora-uib "update_in_backward is not supported" "$M" train "${tiny[@
 expect_error lora-offload "offload is not supported" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8 --offload "optimizer=disk:$W/state.bin"
 expect_error base-dtype-bad "base_dtype" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8 --base_dtype fp8
 expect_error base-dtype-no-lora "needs --lora" "$M" train "${tiny[@]}" --data "$W/good.tok" --base_dtype nf4
-expect_error lora-precision "not supported with LoRA yet" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8 --precision bf16
+expect_error lora-precision "not supported with LoRA yet" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8 --precision fp16
 expect_error adapter-no-config "adapter_config.json: cannot open" "$M" train "${tiny[@]}" --data "$W/good.tok" --adapter "$W/none"
 expect_error save-adapter-no-lora "needs --lora" "$M" train "${tiny[@]}" --data "$W/good.tok" --save-adapter "$W/none"
 expect_error adapter-missing "adapter_config.json" "$M" train "${tiny[@]}" --data "$W/good.tok" --lora r=8 --adapter "$W/none"
