@@ -36,6 +36,7 @@ CMDS=(
   "lora|bash bench/lora.sh|STEPS=2 ROUNDS=1 bash bench/lora.sh gpt2-10m 2 64"
   "optimizers|bash bench/optimizers.sh|STEPS=2 ROUNDS=1 bash bench/optimizers.sh gpt2-10m 2 64"
   "precision|ROUNDS=6 SPEED=fp32,bf16 bash bench/precision.sh|ROUNDS=1 STEPS=2 RSS_STEPS=1 SPEED=fp32,bf16 bash bench/precision.sh gpt2-10m 2 64"
+  "moe_throughput|bash bench/moe_throughput.sh|ROUNDS=1 STEPS=2 WARM=1 B=2 T=32 bash bench/moe_throughput.sh"
   "docmask|build/bench_docmask|build/bench_docmask 1"
   "gemm_backend|bash bench/gemm_backend.sh|STEPS=2 ROUNDS=1 bash bench/gemm_backend.sh gpt2-10m 2 64"
   "quant_gemm|bash bench/quant_gemm.sh|bash bench/quant_gemm.sh 1"
@@ -49,7 +50,9 @@ fi
 out=bench-results/$(date -u +%Y%m%d-%H%M%S)$([ "$QUICK" = 1 ] && echo -quick)
 mkdir -p "$out"
 machine="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
-runcmd="$([ "$QUICK" = 1 ] && echo 'QUICK=1 ')bash bench/all.sh${*:+ $*}"
+# the memfit/OpenMP environment the run was given is part of its command
+envset=$(env | grep -E '^(MEMFIT_[A-Z_]*|OMP_[A-Z_]*)=' | sort | tr '\n' ' ')
+runcmd="${envset}$([ "$QUICK" = 1 ] && echo 'QUICK=1 ')bash bench/all.sh${*:+ $*}"
 $PY -c 'import json, sys; json.dump({"command": sys.argv[1], "dir": sys.argv[2], "quick": sys.argv[3] == "1"}, open(sys.argv[2] + "/run.json", "w"))' \
   "$runcmd" "$out" "$QUICK"
 fails=0; ran=0
