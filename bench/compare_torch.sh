@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # memfit against a minimal PyTorch GPT-2 (bench/torch_gpt2.py, Debian's
-# python3-torch on the system OpenBLAS), same model, batch, data and thread
-# count, alternating A B A B in one run. Prints each one's median tokens/s
-# and peak RSS and the ratio.
+# python3-torch on the system OpenBLAS, libtcmalloc_minimal preloaded: see
+# bench/torch_env.sh), same model, batch, data and thread count, alternating
+# A B A B in one run. Prints each one's median tokens/s and peak RSS and the
+# ratio.
 #   bench/compare_torch.sh [MODEL] [BATCH] [SEQ]    (default gpt2-124m 4 256)
 #   STEPS=8 ROUNDS=2 THREADS=2 bench/compare_torch.sh
 set -euo pipefail
@@ -17,23 +18,19 @@ TOK=$CACHE/moby-dick.gpt2.tok
 W=$(mktemp -d /tmp/memfit-bench-XXXXXX)
 trap 'rm -rf "$W"' EXIT
 
-# Both get the same BLAS kernels: memfit's default (blas_coretype auto) drops
-# an inherited non-AVX-512 OPENBLAS_CORETYPE on an AVX-512 CPU, so PyTorch
-# runs with the same environment memfit ends up with.
-TORCH_ENV=()
-if grep -qw avx512f /proc/cpuinfo && [ -n "${OPENBLAS_CORETYPE:-}" ]; then
-  case "$OPENBLAS_CORETYPE" in SkylakeX|Cooperlake|SapphireRapids) ;; *) TORCH_ENV=(-u OPENBLAS_CORETYPE) ;; esac
-fi
+# PyTorch in its best set-up (tcmalloc preloaded), OPENBLAS_* unset for both
+source bench/torch_env.sh
 
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB"
 echo "config:  $MODEL batch $B seq $T, $STEPS steps per run ($WARM untimed), $ROUNDS rounds, $THREADS threads, fp32 AdamW"
 for r in $(seq "$ROUNDS"); do
-  "$M" train --model "$MODEL" --batch "$B" --seq "$T" --steps "$STEPS" --threads "$THREADS" --data "$TOK" \
+  "${CLEAN[@]}" "$M" train --model "$MODEL" --batch "$B" --seq "$T" --steps "$STEPS" --threads "$THREADS" --data "$TOK" \
     --sample_tokens 0 --val_every 0 --val_batches 1 --progress 0 --metrics "$W/memfit.$r.jsonl" > "$W/memfit.$r.log"
   env "${TORCH_ENV[@]}" /usr/bin/python3 bench/torch_gpt2.py --model "$MODEL" --batch "$B" --seq "$T" \
     --steps "$STEPS" --warmup-steps "$WARM" --threads "$THREADS" --tokens "$TOK" > "$W/torch.$r.json"
 done
 grep -h '^BLAS' "$W/memfit.1.log" | sed 's/^/memfit   /'
+echo "pytorch  torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)'), env ${TORCH_ENV[*]}"
 /usr/bin/python3 - "$W" "$ROUNDS" "$WARM" <<'PY'
 import json, statistics, sys
 w, rounds, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -27,9 +27,8 @@ MODEL=${1:-smollm2-135m}; B=${2:-4}; T=${3:-256}
 ROUNDS=${ROUNDS:-2}; STEPS=${STEPS:-8}; WARM=${WARM:-2}; THREADS=${THREADS:-2}
 M=build/memfit
 CACHE=${MEMFIT_CACHE:-$HOME/.cache/memfit}
-TCMALLOC=${TCMALLOC:-$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib/*/libtcmalloc_minimal.so.4 2>/dev/null | head -1 || true)}
 [ -x "$M" ] || { echo "llama_throughput: expects ./$M; build it first: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target memfit_cli" >&2; exit 1; }
-[ -n "$TCMALLOC" ] && [ -f "$TCMALLOC" ] || { echo "llama_throughput: libtcmalloc_minimal.so.4 not found (apt-get install libtcmalloc-minimal4, or set TCMALLOC=PATH)" >&2; exit 1; }
+source bench/torch_env.sh   # TCMALLOC, CLEAN
 [ "$STEPS" -gt "$WARM" ] || { echo "llama_throughput: STEPS ($STEPS) must exceed WARM ($WARM)" >&2; exit 1; }
 [ -f "$CACHE/moby-dick.txt" ] || bash scripts/fetch_data.sh
 W=$(mktemp -d /tmp/memfit-llama-bench-XXXXXX)
@@ -38,7 +37,6 @@ trap 'rm -rf "$W"' EXIT
 # memfit builds whose token-file version may differ
 TOK=$W/moby-dick.bytes.tok
 "$M" tokenize --tokenizer bytes "$CACHE/moby-dick.txt" "$TOK" >/dev/null
-CLEAN=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
 
 MF_CMD=("$M" train --model "$MODEL" --batch "$B" --seq "$T" --steps "$STEPS" --threads "$THREADS" --data "$TOK"
         --optimizer adamw --precision fp32 --lr 3e-4 --warmup 0 --beta1 0.9 --beta2 0.95 --eps 1e-8

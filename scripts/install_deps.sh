@@ -9,7 +9,7 @@ pkgs=(build-essential cmake pkg-config libopenblas0-openmp libopenblas-openmp-de
       libcjson-dev libpcre2-dev libxxhash-dev openmpi-bin libopenmpi-dev ca-certificates)
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 if [ "$what" = test ]; then
-  pkgs+=(python3-torch python3-numpy python3-jsonschema libxml2-utils clang-14 libclang-rt-14-dev)
+  pkgs+=(python3-torch python3-numpy python3-jsonschema libxml2-utils clang-14 libclang-rt-14-dev libtcmalloc-minimal4)
   command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
 fi
 missing=()
