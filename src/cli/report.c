@@ -82,7 +82,9 @@ static void lora_line(FILE *f, const mf_model *m, const mf_config *cfg, const mf
     int64_t n = mf_model_n_trainable(m), all = mf_model_n_params(d);
     fprintf(f, "LoRA r=%d alpha=%g dropout=%g on %s: %lld trainable params (%.3f%% of %lld), base frozen (%s)\n",
             m->lora.r, (double)m->lora.alpha, (double)m->lora.dropout, mf_lora_targets_str(&m->lora, tg, sizeof tg),
-            (long long)n, 100.0 * (double)n / (double)all, (long long)all, cfg->base_dtype);
+            (long long)n, 100.0 * (double)n / (double)all, (long long)all,
+            /* under bf16 compute an fp32 base is held as bf16 rows */
+            m->cdt == MF_DTYPE_BF16 && strcmp(cfg->base_dtype, "fp32") == 0 ? "bf16" : cfg->base_dtype);
 }
 
 /* distillation: the teacher, its storage and its rows' bytes */
@@ -331,7 +333,10 @@ void mf_report_estimate(FILE *f, const mf_config *cfg, const mf_dims *d, const m
                         const mf_model *m, size_t runtime) {
     char a[32], b[32];
     char rc[64], od[64];
-    const char *prec = m->cdt == MF_DTYPE_BF16 && m->opt.grad16
+    /* LoRA under bf16 keeps no master rows: the base is frozen bf16, the
+     * adapters (weights, gradients, state) fp32 */
+    const char *prec = m->cdt == MF_DTYPE_BF16 && m->lora.r > 0 ? "bf16 (frozen base bf16, adapters fp32)"
+                     : m->cdt == MF_DTYPE_BF16 && m->opt.grad16
                            ? (m->opt.master ? "bf16 (fp32 master weights, bf16 gradients)" : "bf16 (no master weights, bf16 gradients)")
                      : m->cdt == MF_DTYPE_BF16 ? (m->opt.master ? "bf16 (fp32 master weights)" : "bf16 (no master weights)")
                      : m->cdt == MF_DTYPE_F16 ? "fp16 (fp32 master weights, loss scaling)" : "fp32";
