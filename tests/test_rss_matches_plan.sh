@@ -124,6 +124,8 @@ MOE=(--model moe-tiny --n_layer 4 --n_embd 256 --n_head 8 --n_kv_head 2 --interm
      --batch 4 --seq 256 --data "$W/llama.tok")
 run moe-L4-C256-E8k2-B4-T256-none "${MOE[@]}" --steps 2
 run moe-L4-C256-E8k2-B4-T256-full-cf1.25 "${MOE[@]}" --steps 2 --recompute full --capacity_factor 1.25
+# update_in_backward: each layer's expert gradients in rows of one expert
+run moe-L4-C256-E8k2-B4-T256-uib "${MOE[@]}" --steps 2 --update_in_backward 1 --grad_clip 0
 # chat data (--data FILE.jsonl): the tokenized store (~24 MiB here) is heap
 # allocated before the baseline is read, packing adds the data.pos row
 awk 'BEGIN { for (i = 0; i < 60000; i++) printf "{\"prompt\": \"question %d about %d things\", \"completion\": \"answer %d\"}\n", i, i % 97, i * 7 }' \

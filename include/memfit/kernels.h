@@ -396,12 +396,22 @@ int mf_moe_experts_backward(float *dx, float *dw1, float *dw3, float *dw2, mf_mo
  *  - lora_bwd: after the base input gradient of projection p is written
  *    into din (m,in): the adapter's parameter gradients from dout (m,out)
  *    and in, and din += its input gradient.
+ *  - grads, grads_done (backward only; both or neither): expert e's weight
+ *    gradients go to the rows grads gives (w1, w3 (F,C), w2 (C,F), zeroed
+ *    by it; they accumulate there) instead of the stacks' slices of
+ *    dw1/dw3/dw2, and grads_done(e) runs once they are complete and the
+ *    expert's weights are read for the last time (it may update them), so
+ *    one expert's rows serve every expert (update_in_backward). Called for
+ *    every expert, one whose group is empty too (its gradient is zero).
+ *    With them the experts run one after another, each GEMM parallel inside.
  * The LoRA hooks may run on several threads at once, for different e. */
 typedef struct {
     void *ctx;
     void (*weights)(void *ctx, int e, const float **w1, const float **w3, const float **w2);
     void (*lora_fwd)(void *ctx, int e, int p, const float *in, float *out, int m, int r0);
     void (*lora_bwd)(void *ctx, int e, int p, const float *dout, const float *in, float *din, int m, int r0);
+    void (*grads)(void *ctx, int e, float **dw1, float **dw3, float **dw2);
+    void (*grads_done)(void *ctx, int e);
 } mf_moe_expert_ops;
 /* mf_moe_experts_forward / _backward with per-expert hooks (ops may be
  * NULL: exactly the functions above). */
@@ -433,7 +443,9 @@ void mf_moe_gather_backward(float *dx, const float *dxp, const int32_t *slot_row
  * (dw1/dw3/dw2 accumulate; NULL: frozen). d16: at least G*max(C, 2F)
  * 16-bit elements (G: one expert's largest group), the rounded output
  * gradients; scratch: mf_gemm16_scratch_bytes for the experts' GEMMs.
- * The experts run one after another; no hooks (no LoRA, no quantised base). */
+ * The experts run one after another; no weight or LoRA hooks (no LoRA, no
+ * quantised base). _ops: with the grads/grads_done hooks of
+ * mf_moe_expert_ops (ops may be NULL: mf_moe_experts_backward16). */
 int mf_moe_experts_forward16(mf_dtype dt, float *y, mf_moe_acts *a, const void *x, const mf_moe_route *r,
                              const void *w1, const void *w3, const void *w2, const mf_moe_dims *d, void *scratch,
                              size_t scratch_bytes);
@@ -441,6 +453,10 @@ int mf_moe_experts_backward16(mf_dtype dt, float *dx, float *dw1, float *dw3, fl
                               const float *dy, const mf_moe_acts *a, const mf_moe_route *r, const void *w1,
                               const void *w3, const void *w2, const mf_moe_dims *d, void *scratch,
                               size_t scratch_bytes);
+int mf_moe_experts_backward16_ops(mf_dtype dt, float *dx, float *dw1, float *dw3, float *dw2, mf_moe_work *w,
+                                  void *d16, const float *dy, const mf_moe_acts *a, const mf_moe_route *r,
+                                  const void *w1, const void *w3, const void *w2, const mf_moe_dims *d,
+                                  void *scratch, size_t scratch_bytes, const mf_moe_expert_ops *ops);
 /* ==== end of mixture of experts ========================================== */
 
 #ifdef __cplusplus

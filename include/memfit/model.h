@@ -169,6 +169,10 @@ typedef struct {
                          * mf_quant_bytes(qkind, numel) U8 bytes, multiplied through quant.h's GEMMs */
     int64_t ep_lo, ep_full; /* expert parallel: this rank's experts are elements [ep_lo, ep_lo + numel)
                              * of the whole stack of ep_full elements; ep_full 0 for every other tensor */
+    int gx;             /* update_in_backward on a mixture's expert stack (mf_model_expert_grads): row g
+                         * holds one expert's gradient (shape[0] / n_experts rows), reused expert after
+                         * expert, each expert updated as it completes (moe_block.c); 0: g is whole */
+    int64_t gnumel;     /* elements of row g: numel, or one expert's numel / n_experts when gx */
 } mf_tensor;
 
 typedef struct {
@@ -247,6 +251,11 @@ typedef struct {
      * have their complete gradient (inside the backward phase that finished
      * them); their gradient rows live only while backward builds them */
     void (*grads_ready)(void *ctx, int first, int n);
+    /* update_in_backward on a mixture's expert stacks (mf_tensor.gx): rows
+     * [r0, r0+nr) of tensor i (one expert) have their complete gradient g
+     * (nr x shape[1] fp32), called inside the layer's backward as each
+     * expert finishes; grads_ready then leaves the stacks out */
+    void (*grads_rows_ready)(void *ctx, int i, int64_t r0, int64_t nr, const float *g);
     void *grads_ctx;
     mf_dtype cdt;         /* precision: F32, or BF16/F16 for GEMM weights (2-D tensors but wpe) and
                            * the activations GEMMs read (ln1, ln2, fch_gelu, ln_f); docs/precision.md */
@@ -395,6 +404,11 @@ int mf_tensor_weights_row(const mf_tensor *t);
 /* update_in_backward with a tied embedding: updates split by rows (the
  * model's emb_split; plain AdamW, 8-bit AdamW with a block per row, SGD). */
 int mf_model_emb_split(const mf_model *m);
+/* update_in_backward on a mixture of experts: each expert's gradient in a
+ * row of one expert, updated as soon as the expert's backward is done
+ * (mf_tensor.gx; plain AdamW, SGD, 8-bit AdamW when its blocks tile an
+ * expert; not Adafactor, whose statistics span the stack; docs/moe.md). */
+int mf_model_expert_grads(const mf_model *m);
 int mf_tensor_is16(const mf_model *m, const mf_tensor *t);
 /* 1 for a tensor that stays fp32 whatever the precision although it is a
  * matrix: a mixture of experts' router (top-k decisions are brittle under

@@ -317,20 +317,27 @@ int mf_moe_experts_backward_ops(float *dx, float *dw1, float *dw3, float *dw2, m
             w->dtopk_w[s] = (float)dot;
         }
     }
-    const int par = experts_parallel(E) && !(ops && ops->weights);
+    const int gh = ops && ops->grads;
+    const int par = experts_parallel(E) && !(ops && (ops->weights || gh));
     const int lora = ops && ops->lora_bwd;
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int e = 0; e < E; e++) {
         const int r0 = a->offsets[e], m = a->offsets[e + 1] - r0;
-        if (m == 0) continue;
         const size_t wo = (size_t)e * F * C;
+        /* expert e's weight gradients: the stacks' slices, or the hook's rows */
+        float *g1 = dw1 ? dw1 + wo : NULL, *g3 = dw1 ? dw3 + wo : NULL, *g2 = dw2 ? dw2 + wo : NULL;
+        if (gh) ops->grads(ops->ctx, e, &g1, &g3, &g2);
+        if (m == 0) {
+            if (gh) ops->grads_done(ops->ctx, e);
+            continue;
+        }
         const float *xe = a->xp + (size_t)r0 * C, *h1 = a->h1 + (size_t)r0 * F, *h3 = a->h3 + (size_t)r0 * F;
         const float *e1, *e3, *e2;
         expert_mats(ops, e, d, w1, w3, w2, &e1, &e3, &e2);
         float *dyp = w->dyp + (size_t)r0 * C, *dh1 = w->dh1 + (size_t)r0 * F, *dh3 = w->dh3 + (size_t)r0 * F;
         mf_sgemm(0, 0, m, F, C, 1.0f, dyp, C, e2, F, 0.0f, dh1, F); /* dha, in dh1 */
         if (lora) ops->lora_bwd(ops->ctx, e, 2, dyp, a->ha + (size_t)r0 * F, dh1, m, r0);
-        if (dw2) mf_sgemm(1, 0, C, F, m, 1.0f, dyp, C, a->ha + (size_t)r0 * F, F, 1.0f, dw2 + wo, F);
+        if (g2) mf_sgemm(1, 0, C, F, m, 1.0f, dyp, C, a->ha + (size_t)r0 * F, F, 1.0f, g2, F);
         /* SwiGLU backward in place over dha (mf_swiglu_backward's
          * formula; its contract does not let dgate alias dout) */
         const size_t mf = (size_t)m * F;
@@ -341,9 +348,9 @@ int mf_moe_experts_backward_ops(float *dx, float *dw1, float *dw3, float *dw2, m
             dh1[i] = dd * u * (sg * (1.0f + gt * (1.0f - sg)));
             dh3[i] = dd * (gt * sg);
         }
-        if (dw1) {
-            mf_sgemm(1, 0, F, C, m, 1.0f, dh1, F, xe, C, 1.0f, dw1 + wo, C);
-            mf_sgemm(1, 0, F, C, m, 1.0f, dh3, F, xe, C, 1.0f, dw3 + wo, C);
+        if (g1) {
+            mf_sgemm(1, 0, F, C, m, 1.0f, dh1, F, xe, C, 1.0f, g1, C);
+            mf_sgemm(1, 0, F, C, m, 1.0f, dh3, F, xe, C, 1.0f, g3, C);
         }
         mf_sgemm(0, 0, m, C, F, 1.0f, dh1, F, e1, C, 0.0f, dyp, C);
         mf_sgemm(0, 0, m, C, F, 1.0f, dh3, F, e3, C, 1.0f, dyp, C);
@@ -351,6 +358,7 @@ int mf_moe_experts_backward_ops(float *dx, float *dw1, float *dw3, float *dw2, m
             ops->lora_bwd(ops->ctx, e, 0, dh1, xe, dyp, m, r0);
             ops->lora_bwd(ops->ctx, e, 1, dh3, xe, dyp, m, r0);
         }
+        if (gh) ops->grads_done(ops->ctx, e);  /* the expert's gradients done, its weights read */
     }
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_MOE_PAR_MIN)
     for (int n = 0; n < N; n++) {
@@ -489,7 +497,16 @@ int mf_moe_experts_backward16(mf_dtype dt, float *dx, float *dw1, float *dw3, fl
                               const float *dy, const mf_moe_acts *a, const mf_moe_route *r, const void *w1,
                               const void *w3, const void *w2, const mf_moe_dims *d, void *scratch,
                               size_t scratch_bytes) {
+    return mf_moe_experts_backward16_ops(dt, dx, dw1, dw3, dw2, w, d16, dy, a, r, w1, w3, w2, d, scratch,
+                                         scratch_bytes, NULL);
+}
+
+int mf_moe_experts_backward16_ops(mf_dtype dt, float *dx, float *dw1, float *dw3, float *dw2, mf_moe_work *w,
+                                  void *d16, const float *dy, const mf_moe_acts *a, const mf_moe_route *r,
+                                  const void *w1, const void *w3, const void *w2, const mf_moe_dims *d,
+                                  void *scratch, size_t scratch_bytes, const mf_moe_expert_ops *ops) {
     if (moe_check(d)) return -1;
+    const int gh = ops && ops->grads;
     const int N = d->N, C = d->C, F = d->F, E = d->E, k = d->k;
     const uint16_t *xp = (const uint16_t *)a->xp, *ha = (const uint16_t *)a->ha;
     const uint16_t *W1 = w1, *W3 = w3, *W2 = w2;
@@ -497,8 +514,9 @@ int mf_moe_experts_backward16(mf_dtype dt, float *dx, float *dw1, float *dw3, fl
     mf_moe_combine_backward(w->dyp, w->dtopk_w, dy, a->yp, a->slot_row, r->topk_w, N, k, C);
     for (int e = 0; e < E; e++) {
         const int r0 = a->offsets[e], m = a->offsets[e + 1] - r0;
-        if (m == 0) continue;
         const size_t wo = (size_t)e * F * C;
+        float *g1 = dw1 ? dw1 + wo : NULL, *g3 = dw1 ? dw3 + wo : NULL, *g2 = dw2 ? dw2 + wo : NULL;
+        if (gh) ops->grads(ops->ctx, e, &g1, &g3, &g2);
         for (int c0 = 0, c; c0 < m; c0 += c) {
         c = moe_chunk(m - c0);
         const size_t q = (size_t)r0 + c0, mf = (size_t)c * F;
@@ -507,7 +525,7 @@ int mf_moe_experts_backward16(mf_dtype dt, float *dx, float *dw1, float *dw3, fl
         float *dyp = w->dyp + q * C, *dh1 = w->dh1 + q * F, *dh3 = w->dh3 + q * F;
         mf_half_from_f32(dt, g16, dyp, (size_t)c * C);
         mf_gemm16(dt, dh1, g16, W2 + wo, NULL, c, F, C, 0, 0, 0, scratch, scratch_bytes); /* dha, in dh1 */
-        if (dw2) mf_gemm16_dw(dt, dw2 + wo, 0, g16, ha + q * F, C, F, c, 1, 0, scratch, scratch_bytes);
+        if (g2) mf_gemm16_dw(dt, g2, 0, g16, ha + q * F, C, F, c, 1, 0, scratch, scratch_bytes);
 #pragma omp parallel for simd schedule(static) if (mf >= MF_MOE_PAR_MIN)
         for (size_t i = 0; i < mf; i++) {
             const float gt = h1[i], u = h3[i], dd = dh1[i];
@@ -517,13 +535,14 @@ int mf_moe_experts_backward16(mf_dtype dt, float *dx, float *dw1, float *dw3, fl
         }
         mf_half_from_f32(dt, g16, dh1, mf);
         mf_half_from_f32(dt, g16 + mf, dh3, mf);
-        if (dw1) {
-            mf_gemm16_dw(dt, dw1 + wo, 0, g16, xe, F, C, c, 1, 0, scratch, scratch_bytes);
-            mf_gemm16_dw(dt, dw3 + wo, 0, g16 + mf, xe, F, C, c, 1, 0, scratch, scratch_bytes);
+        if (g1) {
+            mf_gemm16_dw(dt, g1, 0, g16, xe, F, C, c, 1, 0, scratch, scratch_bytes);
+            mf_gemm16_dw(dt, g3, 0, g16 + mf, xe, F, C, c, 1, 0, scratch, scratch_bytes);
         }
         mf_gemm16(dt, dyp, g16, W1 + wo, NULL, c, C, F, 0, 0, 0, scratch, scratch_bytes);
         mf_gemm16(dt, dyp, g16 + mf, W3 + wo, NULL, c, C, F, 0, 0, 1, scratch, scratch_bytes);
         }
+        if (gh) ops->grads_done(ops->ctx, e);  /* after its last chunk: gradients done, weights read */
     }
     mf_moe_gather_backward(dx, w->dyp, a->slot_row, N, k, C);
     return 0;

@@ -120,7 +120,7 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
             for (int64_t k = t->rows_file * t->shape[1]; k < t->numel; k++)
                 if (k >= lo && k < hi) put_w(m, t, p, k, 0.0f);
         mf_model_sync_params(m, a, i, 1);
-        if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->numel * (t->g16 ? 2 : sizeof(float)));
+        if (t->g >= 0) memset(mf_arena_ptr(a, t->g), 0, (size_t)t->gnumel * (t->g16 ? 2 : sizeof(float)));
         if (m->mode == MF_MODE_TRAIN && !m->opt.offload_path[0]) mf_model_zero_state(m, a, t);  /* disk: the trainer */
     }
     mf_lora_init_weights(m, a, seed);
@@ -134,7 +134,7 @@ void mf_model_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
 static void zero_g(mf_model *m, mf_arena *a, int first, int n) {
     for (int i = first; i < first + n; i++)
         if (m->tensors[i].g >= 0)
-            memset(mf_arena_get(a, m->tensors[i].g), 0, (size_t)m->tensors[i].numel * (m->tensors[i].g16 ? 2 : sizeof(float)));
+            memset(mf_arena_get(a, m->tensors[i].g), 0, (size_t)m->tensors[i].gnumel * (m->tensors[i].g16 ? 2 : sizeof(float)));
 }
 
 /* The step's gradient zeroing: every tensor's gradient (unless they are
@@ -156,7 +156,7 @@ void mf_model_zero_grads(mf_model *m, mf_arena *a) {
                 int id = s ? t->gs : all ? t->g : -1;
                 if (id < 0) continue;
                 /* a bf16 gradient row (grad_dtype bf16: g16) has 2-byte elements; shards are fp32 */
-                size_t n = s ? (size_t)(t->hi - t->lo) : (size_t)t->numel, lo = n * th / nt, hi = n * (th + 1) / nt;
+                size_t n = s ? (size_t)(t->hi - t->lo) : (size_t)t->gnumel, lo = n * th / nt, hi = n * (th + 1) / nt;
                 size_t es = !s && t->g16 ? 2 : sizeof(float);
                 if (hi > lo) memset((char *)mf_arena_ptr(a, id) + lo * es, 0, (hi - lo) * es);
             }

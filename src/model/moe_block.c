@@ -98,6 +98,36 @@ void mf_moe_block_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *
     for (size_t i = 0; i < n; i++) out[i] += xmid[i];
 }
 
+/* update_in_backward (mf_model_expert_grads): expert e's gradients go to
+ * the layer's one-expert rows grad.*.experts.* (zeroed here), and once the
+ * kernel has finished the expert the trainer updates that expert's rows
+ * of the stacks (their weights, master rows and optimizer state) from
+ * them, so the rows serve the next expert. The experts then run one after
+ * another: the update runs in the trainer (its sums, its one update
+ * scratch row), never from several threads at once, and one expert's rows
+ * are all the plan holds whatever the thread count. */
+static void expert_grads(void *ctx, int e, float **g1, float **g3, float **g2) {
+    mf_moe_expert_ctx *c = ctx;
+    float **g[3] = {g1, g3, g2};
+    (void)e;
+    for (int k = 0; k < 3; k++) {
+        const mf_tensor *t = &c->m->tensors[c->ids[k]];
+        *g[k] = mf_model_tensor_g(c->m, c->a, c->ids[k]);
+        memset(*g[k], 0, (size_t)t->gnumel * sizeof(float));
+    }
+}
+
+static void expert_grads_done(void *ctx, int e) {
+    mf_moe_expert_ctx *c = ctx;
+    mf_model *m = c->m;
+    for (int k = 0; k < 3; k++) {
+        const mf_tensor *t = &m->tensors[c->ids[k]];
+        const int64_t nr = t->shape[0] / m->d.n_experts;
+        if (m->grads_rows_ready)
+            m->grads_rows_ready(m->grads_ctx, c->ids[k], (int64_t)e * nr, nr, mf_model_tensor_g(m, c->a, c->ids[k]));
+    }
+}
+
 void mf_moe_block_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2, int N) {
     if (m->d.ep > 1) { mf_moe_ep_backward(m, a, l, A, ln2, N); return; }  /* moe_ep.c */
     mf_moe_dims d = moe_dims(m, N);
@@ -113,6 +143,11 @@ void mf_moe_block_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts 
     float *dwg = mf_model_tensor_g(m, a, LT_I(l, MF_LT_ROUTER));
     float *dw1 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W1)), *dw3 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W3));
     float *dw2 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W2));
+    if (m->tensors[LT_I(l, MF_LT_W1)].gx) {  /* one expert's rows: the hooks above */
+        eo.grads = expert_grads, eo.grads_done = expert_grads_done;
+        ops = &eo;
+        dw1 = dw3 = dw2 = NULL;
+    }
     float *dln = BUF(m->dln), *dres = BUF(m->dres);
     memset(dln, 0, (size_t)N * m->d.C * sizeof(float));
     int rc;
@@ -120,8 +155,8 @@ void mf_moe_block_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts 
         void *gs;
         size_t gb;
         gemm_scratch(m, a, &gs, &gb);
-        rc = mf_moe_experts_backward16(m->cdt, dln, dw1, dw3, dw2, &w, mf_arena_get(a, m->dout16), dres, &x, &r, w1,
-                                       w3, w2, &d, gs, gb);
+        rc = mf_moe_experts_backward16_ops(m->cdt, dln, dw1, dw3, dw2, &w, mf_arena_get(a, m->dout16), dres, &x, &r,
+                                           w1, w3, w2, &d, gs, gb, ops);
     } else rc = mf_moe_experts_backward_ops(dln, dw1, dw3, dw2, &w, dres, &x, &r, w1, w3, w2, &d, ops);
     if (rc || mf_moe_router_backward(dln, dwg, &w, &r, router_input(m, a, ln2, N), wg,
                                      m->d.aux_coef * m->moe_gscale / m->d.L,

@@ -104,6 +104,21 @@ int mf_model_emb_split(const mf_model *m) {
     return m->d.C % mf_optim_block(&m->opt, &s) == 0;
 }
 
+/* update_in_backward on a mixture of experts: each expert's gradient in a
+ * row of one expert (model.h, mf_tensor.gx), its update applied as the
+ * expert's backward ends. Exact for optimizers whose update of an element
+ * reads only that element's state (AdamW, SGD; 8-bit AdamW when its
+ * quantisation blocks tile one expert's F x C elements), not Adafactor
+ * (its row and column statistics span the stack); one process, no LoRA,
+ * fp32 gradient rows (grad_dtype bf16 is refused with 16-bit experts). */
+int mf_model_expert_grads(const mf_model *m) {
+    const mf_dims *d = &m->d;
+    if (m->mode != MF_MODE_TRAIN || !m->opt.in_backward || d->n_experts < 2 || d->ep > 1 || m->lora.r > 0) return 0;
+    if (m->opt.kind == MF_OPTIM_ADAFACTOR || m->opt.grad16 || (m->opt.zero >= 1 && m->opt.world > 1)) return 0;
+    mf_optim_shape s = {2, (int64_t)d->n_experts * d->ffn, d->C, 0, m->cdt != MF_DTYPE_F32};
+    return ((int64_t)d->ffn * d->C) % mf_optim_block(&m->opt, &s) == 0;
+}
+
 static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role role, int layer, int ndim,
                             int64_t d0, int64_t d1, int64_t file_rows, int decay_2d) {
     mf_tensor *t = &m->tensors[m->n_tensors++];
@@ -149,6 +164,7 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
     int last = m->n_phases - 1;
     char nm[96];
     t->g = t->gs = t->ps = t->pb = t->mw = -1;
+    t->gx = 0, t->gnumel = 0;
     /* 16-bit precision: the GEMM weights (every matrix but wpe, which only
      * the embedding adds) get a 16-bit compute row, plus an fp32 master
      * row the optimizer updates; vectors stay fp32 (they are their own
@@ -207,7 +223,12 @@ static void add_tensor_role(mf_model *m, adder *ad, const char *name, mf_role ro
         /* grad_dtype bf16: the 16-bit weights' gradients (GEMM outputs
          * rounded once, docs/precision.md); vectors and wpe stay fp32 */
         t->g16 = m->opt.grad16 && h16 && !t->lora;
-        t->g = add(ad, nm, gcat, t->g16 ? MF_DTYPE_BF16 : MF_DTYPE_F32, ndim, d0, d1, 0, 0, g0, g1, layer);
+        /* update_in_backward on a mixture: an expert stack's gradient row
+         * holds one expert (moe_block.c reuses it expert after expert) */
+        t->gx = layer >= 0 && !t->lora && strstr(name, ".experts.") && mf_model_expert_grads(m);
+        int64_t gd0 = t->gx ? d0 / m->d.n_experts : d0;
+        t->gnumel = gd0 * (ndim > 1 ? d1 : 1);
+        t->g = add(ad, nm, gcat, t->g16 ? MF_DTYPE_BF16 : MF_DTYPE_F32, ndim, gd0, d1, 0, 0, g0, g1, layer);
         if (shard && m->opt.zero >= 2) {
             snprintf(nm, sizeof nm, "grad_shard.%s", name);
             t->gs = add(ad, nm, MF_CAT_GRADS, MF_DTYPE_F32, 1, t->hi - t->lo, 0, 0, 0, 0, last, layer);

@@ -549,7 +549,7 @@ static void update_tensors(mf_trainer *t, int first, int n, float gscale) {
     const mf_config *c = &t->cfg;
     for (int i = first; i < first + n; i++) {
         mf_tensor *x = &m->tensors[i];
-        if (x->frozen) continue;  /* LoRA's base */
+        if (x->frozen || x->gx) continue;  /* LoRA's base; expert stacks updated expert by expert (gx) */
         void *st[MF_OPTIM_STATES];
         for (int k = 0; k < MF_OPTIM_STATES; k++) st[k] = x->st[k] >= 0 ? mf_arena_get(a, x->st[k]) : NULL;
         /* ZeRO >= 1: this rank's shard (lo, hi) of the tensor; stage 2 keeps the gradient's shard apart */
@@ -638,7 +638,7 @@ static double update_emb_split(mf_trainer *t) {
 static double grad_sumsq(mf_trainer *t, int first, int n) {
     double ss = 0;
     for (int i = first; i < first + n; i++)
-        if (!t->model.tensors[i].frozen)
+        if (!t->model.tensors[i].frozen && !t->model.tensors[i].gx)  /* gx: summed expert by expert */
             ss += grad_row_sumsq(mf_arena_get(&t->arena, t->model.tensors[i].g), t->model.tensors[i].g16,
                                  (size_t)t->model.tensors[i].numel);
     return ss;
@@ -666,6 +666,17 @@ static void grads_ready(void *ctx, int first, int n) {
     t->uib_sumsq += ss;
     if (!isfinite(ss)) t->uib_bad = 1;
     if (!t->uib_bad) update_tensors(t, first, n, 1.0f);
+}
+
+/* update_in_backward on a mixture's expert stacks (mf_tensor.gx): one
+ * expert's rows [r0, r0+nr) of tensor i, their gradient g complete, updated
+ * now (as update_tensors would within the whole tensor: update_rows) */
+static void grads_rows_ready(void *ctx, int i, int64_t r0, int64_t nr, const float *g) {
+    mf_trainer *t = ctx;
+    double ss = mf_sumsq(g, (size_t)(nr * t->model.tensors[i].shape[1]));
+    t->uib_sumsq += ss;
+    if (!isfinite(ss)) t->uib_bad = 1;
+    if (!t->uib_bad) update_rows(t, i, r0, nr, g, 0);
 }
 
 void mf_trainer_step_shape(const mf_trainer *t, int step, int *rows, int *T) {
@@ -767,6 +778,7 @@ int mf_trainer_step_rows(mf_trainer *t, int rows, int T, mf_step_stats *st) {
     t->uib_sumsq = 0;
     t->uib_bad = 0;
     m->grads_ready = grads_ready;
+    m->grads_rows_ready = grads_rows_ready;
     m->grads_ctx = t;
     double loss = 0;
     int micro = mf_trainer_accumulate(t, rows, T, lscale, &loss);
