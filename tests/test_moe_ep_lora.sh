@@ -29,7 +29,7 @@ run1() {  # name, args...: one process
 }
 runN() {  # ranks, name, args...
   local np=$1 name=$2; shift 2
-  timeout 300 "${MPIRUN[@]}" -np "$np" "$M" train "${base[@]}" --metrics "$W/$name.jsonl" "$@" > "$W/$name.log" 2>&1 \
+  timeout 900 "${MPIRUN[@]}" -np "$np" "$M" train "${base[@]}" --metrics "$W/$name.jsonl" "$@" > "$W/$name.log" 2>&1 \
     || { echo "FAIL $name: mpirun failed"; grep -m3 "error" "$W/$name.log"; tail -3 "$W/$name.log"; fail=1; }
 }
 compare() {  # reference, candidate, ranks, steps
@@ -116,6 +116,23 @@ ok = abs(first - fresh) > 1e-3  # the loaded adapter moved the loss off the fres
 print("%s loaded adapter's first loss %.6f vs a fresh adapter's %.6f" % ("ok  " if ok else "FAIL", first, fresh))
 sys.exit(0 if ok else 1)
 PY
+# a rank's adapter rows: the attention adapters whole, half the experts'
+# (weights, gradients, AdamW's 2 moments: 16 bytes a parameter); the
+# trainable count is the model's
+est() { "$M" estimate --model moe-tiny --batch 4 --seq 32 --lora $LORA --json "$@"; }
+est > "$W/e1.json" && est --world_size 2 --expert_parallel 2 > "$W/e2.json" || { echo "FAIL estimate"; fail=1; }
+/usr/bin/python3 - "$W" <<'PY' || fail=1
+import json, sys
+w = sys.argv[1]
+a, b = (json.load(open(f"{w}/{n}.json")) for n in ("e1", "e2"))
+# moe-tiny (C 64, F 64, 4 experts, 2 layers), r 4: each expert projection's
+# adapter is 4x64 + 64x4 = 512 parameters; 2 layers x 3 projections x 4 experts
+experts = 2 * 3 * 4 * 512
+ok = a["n_trainable"] == b["n_trainable"] and a["adapter"] - b["adapter"] == experts // 2 * 16
+print("%s estimate: adapter bytes per rank %d (one process %d: half the experts' %d bytes less), trainable %d and %d" % (
+    "ok  " if ok else "FAIL", b["adapter"], a["adapter"], experts * 16, b["n_trainable"], a["n_trainable"]))
+sys.exit(0 if ok else 1)
+PY
 # what it refuses, one line each
 bad() {  # expected message part, command...
   local want=$1; shift
@@ -127,7 +144,7 @@ bad() {  # expected message part, command...
 e2=(estimate --model moe-tiny --batch 4 --seq 32 --world_size 2 --expert_parallel 2 --lora $LORA)
 bad "base_dtype nf4 and expert_parallel 2 is not supported" "$M" "${e2[@]}" --base_dtype nf4
 bad "data parallel (mpirun, zero 0) is not supported with LoRA" "$M" estimate --model moe-tiny --batch 4 --seq 32 --world_size 2 --lora $LORA
-out=$(timeout 120 "${MPIRUN[@]}" -np 2 "$M" train "${base[@]}" --batch 4 --steps 1 --lora $LORA --expert_parallel 2 --out_dir "$W/o" 2>&1); rc=$?
+out=$(timeout 300 "${MPIRUN[@]}" -np 2 "$M" train "${base[@]}" --batch 4 --steps 1 --lora $LORA --expert_parallel 2 --out_dir "$W/o" 2>&1); rc=$?
 [ $rc -ne 0 ] && printf '%s' "$out" | grep -q "memfit: error: expert_parallel 2 with LoRA: --out_dir is not supported yet" \
   && echo "ok   refused under mpirun: LoRA with --out_dir" || { echo "FAIL LoRA with --out_dir under expert parallel: rc $rc"; printf '%s\n' "$out" | tail -3; fail=1; }
 exit $fail

@@ -99,6 +99,8 @@ void mf_lora_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
 int64_t mf_model_n_trainable(const mf_model *m) {
     int64_t n = 0;
     for (int i = 0; i < m->n_tensors; i++)
-        if (!m->tensors[i].frozen) n += m->tensors[i].rows_file * (m->tensors[i].ndim > 1 ? m->tensors[i].shape[1] : 1);
+        if (!m->tensors[i].frozen)  /* (expert parallel: the whole stack's, not the rank's slice) */
+            n += m->tensors[i].rows_file * (m->tensors[i].ndim > 1 ? m->tensors[i].shape[1] : 1) *
+                 (m->tensors[i].ep_full > 0 ? m->tensors[i].ep_full / m->tensors[i].numel : 1);
     return n;
 }
