@@ -109,11 +109,11 @@ bad "does not divide the 3 ranks" "$M" estimate --model moe-tiny --batch 6 --seq
 bad "does not divide the 4 experts" "$M" estimate --model moe-tiny --batch 6 --seq 32 --world_size 3 --expert_parallel 3
 bad "with zero 1 is not supported" "$M" "${e2[@]}" --zero 1
 bad "with zero 3 is not supported" "$M" "${e2[@]}" --zero 3
-bad "with LoRA/QLoRA is not supported" "$M" "${e2[@]}" --lora r=4
+bad "base_dtype nf4 and expert_parallel 2 is not supported" "$M" "${e2[@]}" --lora r=4 --base_dtype nf4
 bad "recompute 'full' is not supported" "$M" "${e2[@]}" --recompute full
 bad "needs a mixture-of-experts model" "$M" estimate --model gpt2-1m --batch 4 --seq 32 --world_size 2 --expert_parallel 2
 bad "needs MPI" "$M" train "${base[@]}" --batch 4 --expert_parallel 2
-# (--init, --out_dir and --resume work: tests/test_moe_ep_io.sh)
+# (--init, --out_dir and --resume work: tests/test_moe_ep_io.sh; LoRA: tests/test_moe_ep_lora.sh)
 out=$(timeout 120 "${MPIRUN[@]}" -np 2 "$M" train "${base[@]}" --batch 4 --expert_parallel 4 2>&1); rc=$?
 [ $rc -ne 0 ] && printf '%s' "$out" | grep -q "memfit: error: expert_parallel 4 does not divide the 2 ranks" \
   && echo "ok   refused under mpirun: expert_parallel 4 on 2 ranks" || { echo "FAIL expert_parallel 4 on 2 ranks: rc $rc"; printf '%s\n' "$out" | tail -3; fail=1; }

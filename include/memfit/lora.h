@@ -83,6 +83,9 @@ static inline float mf_lora_scale(const mf_lora_cfg *c) { return c->alpha / (flo
 /* PEFT init: A (r,in) ~ U(-1/sqrt(in), 1/sqrt(in)) from a counter-based
  * stream of `seed`; B is zeroed by the caller. */
 void mf_lora_init_a(float *A, int r, int in, uint64_t seed);
+/* Elements [lo, lo+n) of that A (stacked experts' A under expert
+ * parallelism: a rank's slice of the whole stack's values). */
+void mf_lora_init_a_part(float *A, int64_t lo, int64_t n, int in, uint64_t seed);
 
 /* The dropout mask's seed for (base seed, micro-step counter, layer, target). */
 uint64_t mf_lora_dropout_seed(uint64_t seed, uint64_t micro_step, int layer, int target);

@@ -39,16 +39,19 @@ int mf_dist_ep_check(const mf_config *cfg, int world, int train) {
         return mf_fail("expert_parallel %d with zero %d is not supported: the experts are already split over the "
                        "group and the rest is replicated; use zero 0", n, cfg->zero);
     if (cfg->zero_group) return mf_fail("expert_parallel %d with zero_group %d is not supported; drop zero_group", n, cfg->zero_group);
-    if (cfg->lora[0])
-        return mf_fail("expert_parallel %d with LoRA/QLoRA is not supported (the experts would be a frozen base split "
-                       "over ranks); train in one process or drop --lora", n);
+    /* LoRA: each rank holds its experts' adapters (plan.c); a quantised
+     * base is refused by the plan */
     if (strcmp(cfg->recompute, "none") != 0 && strcmp(cfg->recompute, "selective") != 0)
         return mf_fail("expert_parallel %d with recompute '%s' is not supported (a rebuilt block would exchange its "
                        "tokens again); use recompute none or selective", n, cfg->recompute);
     if (!train) return 0;
     /* --init, --out_dir and --resume: each rank loads and the first group
      * writes only its own experts (train/checkpoint.c) */
-    if (cfg->adapter[0] || cfg->save_adapter[0]) return mf_fail("expert_parallel %d: adapters are not supported", n);
+    /* --adapter / --save_adapter: each rank reads its experts' adapters,
+     * rank 0 writes the one PEFT file (model/adapter.c) */
+    if (cfg->lora[0] && (cfg->out_dir[0] || cfg->resume[0]))
+        return mf_fail("expert_parallel %d with LoRA: --%s is not supported yet (a checkpoint of expert-split "
+                       "adapters); keep the adapter with --save_adapter", n, cfg->out_dir[0] ? "out_dir" : "resume");
     return 0;
 }
 
@@ -134,3 +137,19 @@ int mf_dist_ep_sum_doubles(double *x, int n) {
     }
     return 0;
 }
+
+/* Point to point in the expert group, for rank 0's adapter file (the
+ * owners send their experts' adapter tensors one at a time, in the file's
+ * order; MPI keeps the order of messages between two ranks) */
+static int ep_p2p(void *buf, size_t bytes, int peer, int send) {
+    if (bytes > INT_MAX) return mf_fail("rank %d: a tensor of %zu bytes in one message (MPI counts are int)", mf_dist_rank(), bytes);
+    if (mf_dist_gather_wait()) return -1;
+    MPI_Request req;
+    int rc = send ? MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, 21, g_ep, &req)
+                  : MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, 21, g_ep, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, send ? "expert tensor send" : "expert tensor receive");
+    return mf_dist_wait(&req, 1, send ? "expert tensor send" : "expert tensor receive");
+}
+
+int mf_dist_ep_send(const void *buf, size_t bytes, int to) { return ep_p2p((void *)buf, bytes, to, 1); }
+int mf_dist_ep_recv(void *buf, size_t bytes, int from) { return ep_p2p(buf, bytes, from, 0); }

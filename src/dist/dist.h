@@ -162,9 +162,9 @@ int mf_dist_wait(void *req, int n, const char *what);
 /* ---- expert parallel (alltoall.c) --------------------------------------- */
 
 /* Refuses what expert_parallel (cfg) cannot do on `world` ranks: N not
- * dividing the ranks, ZeRO 1-3, zero_group, LoRA/QLoRA, recompute that
- * rebuilds whole blocks; train (1) also: no MPI launcher, and writing or
- * reading model files (out_dir, init, resume, adapter). 0 when N <= 1. */
+ * dividing the ranks, ZeRO 1-3, zero_group, recompute that rebuilds whole
+ * blocks; train (1) also: no MPI launcher, and LoRA with a checkpoint
+ * (out_dir, resume). 0 when N <= 1. */
 int mf_dist_ep_check(const mf_config *cfg, int world, int train);
 /* Splits the world into expert groups of n consecutive ranks (rank / n)
  * and the replica sets of the ranks holding the same experts (rank % n);
@@ -188,6 +188,11 @@ int mf_dist_ep_allreduce(float *x, int64_t n);
 /* Sums n doubles over the expert group, in rank order (the same bits on
  * every rank of the group). */
 int mf_dist_ep_sum_doubles(double *x, int n);
+/* bytes to / from group rank `to` / `from` of this rank's expert group (one
+ * message each, matched in the order sent; rank 0 gathering the experts'
+ * adapters for its file) */
+int mf_dist_ep_send(const void *buf, size_t bytes, int to);
+int mf_dist_ep_recv(void *buf, size_t bytes, int from);
 
 /* A file path of this rank's own: `path` on one rank, else
  * "path.rank<r>" (offload files under mpirun). Returns buf. */

@@ -109,8 +109,10 @@ int mf_zero_sync_grads(mf_model *m, mf_arena *a) {
     int64_t rn = mf_zero_ring_numel(m);
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *x = &m->tensors[i];
+        if (x->g < 0) continue;  /* LoRA's frozen base (expert parallel) */
         float *g = mf_arena_get(a, x->g);
-        /* expert parallel: an expert's gradient over the ranks holding it;
+        /* expert parallel: an expert's gradient (or its adapters') over the
+         * ranks holding it;
          * grad_dtype bf16 (ZeRO 0): summed in fp32 through the bucket (grad16.c) */
         int rc = x->ep_full > 0 ? mf_dist_ep_allreduce(g, x->numel)
                : x->g16 ? mf_grad16_allreduce((uint16_t *)g, x->numel, ring, rn)
@@ -171,6 +173,7 @@ int mf_zero_grad_sumsq(mf_model *m, mf_arena *a, double *out) {
     double ss = 0, se = 0;
     for (int i = 0; i < m->n_tensors; i++) {
         mf_tensor *x = &m->tensors[i];
+        if (x->g < 0) continue;  /* LoRA's frozen base */
         const float *g = x->gs >= 0 ? (const float *)mf_arena_get(a, x->gs) : (const float *)mf_arena_get(a, x->g) + x->lo;
         if (x->g16 && x->gs < 0) ss += mf_grad16_sumsq((const uint16_t *)mf_arena_get(a, x->g) + x->lo, x->hi - x->lo);
         else if (x->ep_full > 0) se += mf_sumsq(g, (size_t)(x->hi - x->lo));

@@ -122,16 +122,18 @@ uint64_t mf_lora_dropout_seed(uint64_t seed, uint64_t micro_step, int layer, int
     return mix64(mix64(mix64(seed ^ 0xD5A61266F0C9392Cull) ^ micro_step) ^ ((uint64_t)layer << 8 | (uint64_t)target));
 }
 
-void mf_lora_init_a(float *A, int r, int in, uint64_t seed) {
+void mf_lora_init_a_part(float *A, int64_t lo, int64_t n, int in, uint64_t seed) {
     /* torch.nn.init.kaiming_uniform_(a=sqrt(5)): gain sqrt(2/(1+5)),
      * bound gain*sqrt(3/fan_in) = 1/sqrt(fan_in), fan_in = in */
     float bound = 1.0f / sqrtf((float)in);
     uint64_t s = mix64(seed);
-    for (int64_t i = 0; i < (int64_t)r * in; i++) {
-        float u = (float)(mix64(s + (uint64_t)i) >> 40) * (1.0f / 16777216.0f);  /* [0, 1) */
+    for (int64_t i = 0; i < n; i++) {
+        float u = (float)(mix64(s + (uint64_t)(lo + i)) >> 40) * (1.0f / 16777216.0f);  /* [0, 1) */
         A[i] = (2.0f * u - 1.0f) * bound;
     }
 }
+
+void mf_lora_init_a(float *A, int r, int in, uint64_t seed) { mf_lora_init_a_part(A, 0, (int64_t)r * in, in, seed); }
 
 /* keep element i with probability 1-p; threshold on 24 random bits */
 static inline int keep(uint64_t dseed, uint64_t i, uint32_t thr) {

@@ -5,7 +5,12 @@
  *   Mixtral's experts: base_model.model.model.layers.{i}.block_sparse_moe.experts.{e}.w1.lora_A.weight
  *     (memfit stacks the E experts' adapters in one tensor; the file has one per expert)
  * (r, in) and ...lora_B.weight (out, r), fp32, and adapter_config.json
- * (fan_in_fan_out true for GPT-2's Conv1D, false for nn.Linear). */
+ * (fan_in_fan_out true for GPT-2's Conv1D, false for nn.Linear).
+ * Under expert parallelism (docs/moe.md) a rank holds its experts'
+ * adapters: --adapter gives each rank its own experts' tensors, and
+ * --save_adapter has rank 0 write the one file, the other ranks of the
+ * first expert group sending theirs one tensor at a time. */
+#include "dist/dist.h"
 #include "io/io.h"
 #include "memfit/lora.h"
 #include "memfit/model.h"
@@ -21,28 +26,63 @@ static const char *peft_prefix(const mf_model *m) {
     return m->d.arch == MF_ARCH_LLAMA ? "base_model.model." : "base_model.model.transformer.";
 }
 
+/* An expert's adapter tensor another rank of the expert group holds
+ * (expert parallel): received whole into `stage` when the writer asks for
+ * its first piece, then handed out piece by piece */
+typedef struct {
+    int from;      /* the owner's rank in the expert group */
+    int got;       /* received */
+    float *stage;  /* one expert tensor's bytes, or more */
+    size_t nbytes;
+} remote_tensor;
+
+static int read_remote(void *ctx, uint64_t off, void *buf, size_t len) {
+    remote_tensor *r = ctx;
+    if (off == 0) {
+        if (mf_dist_ep_recv(r->stage, r->nbytes, r->from)) return -1;
+        r->got = 1;
+    }
+    memcpy(buf, (const char *)r->stage + off, len);
+    return 0;
+}
+
+/* expert parallel: the group's size (1 without) */
+static int ep_n(const mf_model *m) { return m->d.ep > 1 && mf_dist_world() > 1 ? m->d.ep : 1; }
+
 /* The adapter's tensors as the file holds them: one entry per adapter
  * matrix, an expert target's stack (E*r, in) / (E*out, r) split into PEFT's
  * per-expert ...experts.{e}.w1.lora_A.weight (r, in) etc.; data points into
- * the arena row's slice. NULL (message) when out of memory. */
-static mf_st_entry *adapter_entries(const mf_model *m, const mf_arena *a, char (**names)[160], int *count) {
-    int n = 0, nt = m->n_tensors - m->lora_first;
+ * the arena row's slice. Under expert parallelism a rank's stacks hold its
+ * E/N experts (group rank g: experts g*E/N ..): the others' entries are
+ * listed too, with data NULL and owner[j] their group rank (owner[j] is
+ * this rank's for its own). NULL (message) when out of memory. */
+static mf_st_entry *adapter_entries(const mf_model *m, const mf_arena *a, char (**names)[160], int **owner, int *count) {
+    int n = 0, nt = m->n_tensors - m->lora_first, P = ep_n(m), g = P > 1 ? mf_dist_ep_rank() : 0;
     for (int i = 0; i < nt; i++) n += strstr(m->tensors[m->lora_first + i].name, ".experts.") ? m->d.n_experts : 1;
     mf_st_entry *e = calloc((size_t)n, sizeof *e);
     *names = calloc((size_t)n, sizeof **names);
-    if (!e || !*names) { free(e); free(*names); *names = NULL; mf_fail("out of memory for the adapter's tensors"); return NULL; }
+    *owner = calloc((size_t)n, sizeof **owner);
+    if (!e || !*names || !*owner) {
+        free(e); free(*names); free(*owner);
+        *names = NULL, *owner = NULL;
+        mf_fail("out of memory for the adapter's tensors");
+        return NULL;
+    }
     int j = 0;
     for (int i = 0; i < nt; i++) {
         const mf_tensor *t = &m->tensors[m->lora_first + i];
         const char *ex = strstr(t->name, ".experts.");
-        int ne = ex ? m->d.n_experts : 1;
-        int64_t rows = t->shape[0] / ne;
+        int ne = ex ? m->d.n_experts : 1, El = ex ? ne / P : 1;
+        int64_t rows = t->shape[0] / El;
         for (int x = 0; x < ne; x++, j++) {
             if (ex) snprintf((*names)[j], sizeof (*names)[j], "%s%.*s.experts.%d.%s", peft_prefix(m), (int)(ex - t->name),
                              t->name, x, ex + 9);
             else snprintf((*names)[j], sizeof (*names)[j], "%s%s", peft_prefix(m), t->name);
+            (*owner)[j] = ex ? x / El : g;
+            int64_t xl = ex ? x - (int64_t)g * El : 0;  /* its place in this rank's stack */
             e[j] = (mf_st_entry){.name = (*names)[j], .dtype = MF_DTYPE_F32, .ndim = 2, .shape = {rows, t->shape[1]},
-                                 .data = (float *)mf_arena_ptr(a, t->p) + (size_t)x * rows * t->shape[1],
+                                 .data = (*owner)[j] == g ? (float *)mf_arena_ptr(a, t->p) + (size_t)xl * rows * t->shape[1]
+                                                          : NULL,
                                  .nbytes = (size_t)(rows * t->shape[1]) * sizeof(float)};
         }
     }
@@ -50,19 +90,75 @@ static mf_st_entry *adapter_entries(const mf_model *m, const mf_arena *a, char (
     return e;
 }
 
+/* Expert parallel, a rank of the first group but rank 0: its experts'
+ * adapter tensors to rank 0, in the file's order */
+static int send_experts(const mf_st_entry *e, const int *owner, int n, int g) {
+    for (int j = 0; j < n; j++)
+        if (owner[j] == g && g > 0 && strstr(e[j].name, ".experts.") && mf_dist_ep_send(e[j].data, e[j].nbytes, 0))
+            return -1;
+    return 0;
+}
+
+/* Rank 0 under expert parallelism: the other ranks' experts come through
+ * read_remote, staged one tensor at a time in a plan row free after
+ * training (or the heap); then every one not received is drained, so the
+ * senders finish whatever happened to the file */
+static int write_gathered(const mf_model *m, const mf_arena *a, const char *path, mf_st_entry *e, const int *owner,
+                          int n, int wrc, const char *const *mk, const char *const *mv) {
+    int nr = 0;
+    size_t most = 0;
+    for (int j = 0; j < n; j++)
+        if (owner[j] != 0) nr++, most = e[j].nbytes > most ? e[j].nbytes : most;
+    remote_tensor *r = calloc((size_t)(nr ? nr : 1), sizeof *r);
+    float *heap = NULL, *stage = nr ? mf_model_stage(m, a, (int64_t)(most / sizeof(float))) : NULL;
+    if (nr && !stage) stage = heap = malloc(most);
+    int rc = wrc;
+    if (!r || (nr && !stage)) rc = mf_fail("out of memory staging the experts' adapters");
+    for (int j = 0, k = 0; r && stage && j < n; j++)
+        if (owner[j] != 0) {
+            r[k] = (remote_tensor){owner[j], 0, stage, e[j].nbytes};
+            e[j].read = read_remote, e[j].read_ctx = &r[k++];
+        }
+    if (!rc) rc = mf_st_write(path, e, n, mk, mv, 1);
+    for (int k = 0; r && stage && k < nr; k++)
+        if (!r[k].got && mf_dist_ep_recv(stage, r[k].nbytes, r[k].from)) break;
+    free(heap);
+    free(r);
+    return rc;
+}
+
 int mf_lora_save_adapter(const mf_model *m, const mf_arena *a, const char *dir, const char *base_name) {
     if (m->lora.r <= 0) return mf_fail("save_adapter: this model has no LoRA adapters");
-    if (mkdir(dir, 0755) && errno != EEXIST) return mf_fail("cannot create adapter folder %s: %s", dir, strerror(errno));
+    /* expert parallel: rank 0 writes the one file, with every expert's
+     * adapter once (the other ranks of the first group send theirs) */
+    const int P = ep_n(m), rank = mf_dist_rank(), g = P > 1 ? mf_dist_ep_rank() : 0;
+    int rc = 0;
+    if (rank == 0 && mkdir(dir, 0755) && errno != EEXIST)
+        rc = mf_fail("cannot create adapter folder %s: %s", dir, strerror(errno));
     int n;
     char (*names)[160];
-    mf_st_entry *e = adapter_entries(m, a, &names, &n);
-    if (!e) return -1;
+    int *owner;
+    mf_st_entry *e = adapter_entries(m, a, &names, &owner, &n);
+    if (!e) return -1;  /* (before any message: every rank lists the same entries) */
     char path[MF_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     const char *mk[] = {"format"}, *mv[] = {"pt"};
-    int rc = mf_st_write(path, e, n, mk, mv, 1);
+    if (P == 1) rc = rc ? rc : mf_st_write(path, e, n, mk, mv, 1);
+    else if (rank == 0) rc = write_gathered(m, a, path, e, owner, n, rc, mk, mv);
+    else if (rank < P) rc = send_experts(e, owner, n, g);
     free(e);
     free(names);
+    free(owner);
+    if (P > 1) {
+        /* every rank learns whether the file was written */
+        char msg[512] = "";
+        if (rc) snprintf(msg, sizeof msg, "%s", mf_error());
+        double bad = rc != 0;
+        if (mf_dist_sum_doubles(&bad, 1)) return -1;
+        if (rc) return mf_fail("%s", msg);
+        if (bad > 0) return mf_fail("%s: another rank failed writing the adapter", path);
+        if (rank) return 0;
+    }
     if (rc) return -1;
     /* adapter_config.json: the keys PEFT's LoraConfig reads */
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
@@ -102,13 +198,14 @@ int mf_lora_load_adapter(mf_model *m, mf_arena *a, const char *dir) {
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     mf_st_file f;
     if (mf_st_open(&f, path)) return -1;
-    int n;
+    int n, *owner;
     char (*names)[160];
-    mf_st_entry *e = adapter_entries(m, a, &names, &n);
+    mf_st_entry *e = adapter_entries(m, a, &names, &owner, &n);
     if (!e) { mf_st_close(&f); return -1; }
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
         const char *nm = e[i].name;
+        if (!e[i].data) continue;  /* expert parallel: another rank's expert */
         const mf_st_tensor *s = mf_st_find(&f, nm);
         if (!s) {
             rc = mf_fail("%s: no tensor '%s' (the adapter's layers or targets differ from this --lora setting)", path, nm);
@@ -130,6 +227,7 @@ int mf_lora_load_adapter(mf_model *m, mf_arena *a, const char *dir) {
     }
     free(e);
     free(names);
+    free(owner);
     mf_st_close(&f);
     return rc;
 }

@@ -77,6 +77,7 @@ typedef struct {
     float *tile;  /* (3,F,C) one expert's w1|w3|w2 dequantised, or NULL */
     int ids[3];   /* tensor indices of w1, w3, w2 */
     int lora[3];  /* lora_A tensor index of w1, w3, w2's adapters, or -1 */
+    int e0;       /* the model's index of the kernels' expert 0 (expert parallel: g*E/N, else 0) */
 } mf_moe_expert_ctx;
 /* moe_tokens' row l = the slots route r sends to each expert (moe_lora.c) */
 void mf_moe_count_tokens(mf_model *m, int l, const mf_moe_route *r, int N);

@@ -89,7 +89,9 @@ void mf_lora_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
     for (int i = m->lora_first; m->lora.r > 0 && i < m->n_tensors; i++) {
         mf_tensor *t = &m->tensors[i];
         float *p = mf_arena_ptr(a, t->p);
-        if (strstr(t->name, ".lora_A.")) mf_lora_init_a(p, (int)t->shape[0], (int)t->shape[1], seed ^ ((uint64_t)i << 32));
+        /* expert parallel: the rank's slice of the whole stack's values */
+        if (strstr(t->name, ".lora_A."))
+            mf_lora_init_a_part(p, t->ep_full > 0 ? t->ep_lo : 0, t->numel, (int)t->shape[1], seed ^ ((uint64_t)i << 32));
         else memset(p, 0, (size_t)t->numel * sizeof(float));
     }
 }
@@ -97,6 +99,8 @@ void mf_lora_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {
 int64_t mf_model_n_trainable(const mf_model *m) {
     int64_t n = 0;
     for (int i = 0; i < m->n_tensors; i++)
-        if (!m->tensors[i].frozen) n += m->tensors[i].rows_file * (m->tensors[i].ndim > 1 ? m->tensors[i].shape[1] : 1);
+        if (!m->tensors[i].frozen)  /* (expert parallel: the whole stack's, not the rank's slice) */
+            n += m->tensors[i].rows_file * (m->tensors[i].ndim > 1 ? m->tensors[i].shape[1] : 1) *
+                 (m->tensors[i].ep_full > 0 ? m->tensors[i].ep_full / m->tensors[i].numel : 1);
     return n;
 }

@@ -26,8 +26,11 @@
  *   5. MPI_Alltoallv the outputs back; y[n] = sum of topk_w * rows.
  * Backward reverses 5 and 4 (the owner's mf_moe_experts_backward gives the
  * experts' weight gradients and the rows' input gradients) and runs the
- * router's backward on the token's rank. Every buffer is a plan row
- * (plan.c: moe[] and moe_ep[] per layer, m->moe_ep_work). */
+ * router's backward on the token's rank. With LoRA on the experts the
+ * owner runs its experts' adapters (the rank's slices of the adapter
+ * stacks, moe_lora.c's hooks); their gradients are then complete on the
+ * owner, summed over the expert's replicas only (zero.c). Every buffer is
+ * a plan row (plan.c: moe[] and moe_ep[] per layer, m->moe_ep_work). */
 #include "internal.h"
 
 #include "dist/dist.h"
@@ -121,6 +124,18 @@ static void owner_of(mf_model *m, mf_arena *a, const mf_layer_acts *A, int64_t r
     *orr = (mf_moe_route){NULL, NULL, NULL, ones, NULL};
 }
 
+/* The owner's E/N experts for the kernels: their stacks, and with LoRA on
+ * the experts the adapters' hooks (moe_lora.c) over the rank's slices of
+ * the adapter stacks; the model's index of its first expert carried for
+ * LoRA dropout's per-expert masks, so they are the single process's */
+static const mf_moe_expert_ops *expert_ops(mf_model *m, mf_arena *a, int l, mf_moe_expert_ctx *c,
+                                           mf_moe_expert_ops *ops, const float **w1, const float **w3,
+                                           const float **w2) {
+    const mf_moe_expert_ops *o = mf_moe_expert_setup(m, a, l, c, ops, w1, w3, w2);
+    c->e0 = mf_dist_ep_rank() * (m->d.n_experts / m->d.ep);
+    return o;
+}
+
 void mf_moe_ep_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, const float *ln2, const float *xmid,
                        float *out, int N, int recompute) {
     if (recompute) mf_panic("expert parallel: a rebuilt block would exchange again (the plan refuses this recompute)");
@@ -185,9 +200,11 @@ void mf_moe_ep_forward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A, 
         mf_moe_acts oa;
         mf_moe_route orr;
         owner_of(m, a, A, rows, &od, &oa, &orr, BUF(m->moe_ep_work[1]));
-        const float *w1 = mf_model_tensor_p(m, a, LT_I(l, MF_LT_W1)), *w3 = mf_model_tensor_p(m, a, LT_I(l, MF_LT_W3));
-        const float *w2 = mf_model_tensor_p(m, a, LT_I(l, MF_LT_W2));
-        if (mf_moe_experts_forward(recv, &oa, recv, &orr, w1, w3, w2, &od)) mf_panic("moe: %s", mf_error());
+        const float *w1, *w3, *w2;
+        mf_moe_expert_ctx ec;
+        mf_moe_expert_ops eo;
+        const mf_moe_expert_ops *ops = expert_ops(m, a, l, &ec, &eo, &w1, &w3, &w2);
+        if (mf_moe_experts_forward_ops(recv, &oa, recv, &orr, w1, w3, w2, &od, ops)) mf_panic("moe: %s", mf_error());
     }
     /* 5. back to the tokens' ranks, into yp (kept for backward) */
     if (mf_dist_ep_alltoallv(recv, rcnt, rdisp, x.yp, scnt, sdisp)) mf_panic("%s", mf_error());
@@ -227,12 +244,16 @@ void mf_moe_ep_backward(mf_model *m, mf_arena *a, int l, const mf_layer_acts *A,
         mf_moe_route orr;
         owner_of(m, a, A, rows, &od, &oa, &orr, recv);  /* (yp is read only for the discarded weight gradient) */
         mf_moe_work ow = {NULL, BUF(m->moe_ep_work[4]), BUF(m->moe_ep_work[2]), w.dh1, w.dh3};
-        const float *w1 = mf_model_tensor_p(m, a, LT_I(l, MF_LT_W1)), *w3 = mf_model_tensor_p(m, a, LT_I(l, MF_LT_W3));
-        const float *w2 = mf_model_tensor_p(m, a, LT_I(l, MF_LT_W2));
+        const float *w1, *w3, *w2;
+        mf_moe_expert_ctx ec;
+        mf_moe_expert_ops eo;
+        const mf_moe_expert_ops *ops = expert_ops(m, a, l, &ec, &eo, &w1, &w3, &w2);
+        /* (NULL under LoRA: the expert base is frozen, the adapters' hooks
+         * add their own gradients) */
         float *dw1 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W1)), *dw3 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W3));
         float *dw2 = mf_model_tensor_g(m, a, LT_I(l, MF_LT_W2));
         memset(back, 0, (size_t)rows * C * sizeof(float));
-        if (mf_moe_experts_backward(back, dw1, dw3, dw2, &ow, recv, &oa, &orr, w1, w3, w2, &od))
+        if (mf_moe_experts_backward_ops(back, dw1, dw3, dw2, &ow, recv, &oa, &orr, w1, w3, w2, &od, ops))
             mf_panic("moe: %s", mf_error());
     }
     /* the rows' input gradients back to the tokens' ranks (into dyp, read) */

@@ -7,7 +7,9 @@
  *    adapter is rows e*r.. of the stacked lora_A (E*r, in) and rows
  *    e*out.. of lora_B (E*out, r); y += (alpha/r) x A_e^T B_e^T on the
  *    expert's group of permuted rows, u = x A_e^T in work.moe.lora_u's rows
- *    of that group (rebuilt in backward, as lora.h's kernels do).
+ *    of that group (rebuilt in backward, as lora.h's kernels do). Under
+ *    expert parallelism the stacks are the rank's E/N experts' and e counts
+ *    from its first expert (the model's index: c->e0 + e).
  * LoRA dropout (--lora dropout=P) as PEFT's lora.Linear applies it to each
  * expert's input rows: a mask per (step, layer, projection, expert), drawn
  * by mf_lora_dropout_seed's counter hash over the expert's group of
@@ -85,8 +87,8 @@ static float expert_drop(mf_moe_expert_ctx *c, int e, int p, int r0, float **xd,
     *xd = hook_row(c, bwd ? m->lora_xb : m->lora_xf) + (size_t)r0 * drop_width(m);
     /* the dense target's seed, mixed again with the expert: PEFT's experts
      * are separate modules with separate dropout draws */
-    *seed = mf_lora_dropout_seed(mf_lora_dropout_seed(m->lora_seed, m->lora_micro, c->l, moe_targets[p]), (uint64_t)e,
-                                 0, 0);
+    *seed = mf_lora_dropout_seed(mf_lora_dropout_seed(m->lora_seed, m->lora_micro, c->l, moe_targets[p]),
+                                 (uint64_t)(c->e0 + e), 0, 0);  /* (expert parallel: the model's expert index) */
     return m->lora.dropout;
 }
 

@@ -598,8 +598,14 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (lora && lora->r > 0) {
         m->lora = *lora;
         /* combinations that iterate gradients LoRA's frozen base does not have */
-        if (mode == MF_MODE_TRAIN && opt->world > 1)
+        /* (expert parallel runs zero 0 without the backward overlap: its
+         * optimizer-phase reduction skips the frozen base, zero.c) */
+        if (mode == MF_MODE_TRAIN && opt->world > 1 && !(d->ep > 1 && d->n_experts > 0))
             return mf_fail("lora: data parallel (mpirun, zero %d) is not supported with LoRA yet; train in one process", opt->zero);
+        if (mode == MF_MODE_TRAIN && opt->world > 1 && lora->base)
+            return mf_fail("lora with base_dtype %s and expert_parallel %d is not supported yet (a rank's slice of a "
+                           "quantised expert stack is not the whole stack's quantisation); use --base_dtype fp32",
+                           mf_quant_name((mf_quant_kind)lora->base), d->ep);
         if (mode == MF_MODE_TRAIN && opt->in_backward)
             return mf_fail("lora: update_in_backward is not supported with LoRA (the adapters' state is small); drop it");
         if (mode == MF_MODE_TRAIN && opt->offload_path[0])
@@ -756,6 +762,10 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             /* an expert target's adapters stack the E experts' (expert
              * after expert, as the base stacks are): A (E*r, in), B (E*out, r) */
             int64_t ne = MF_LORA_MOE_TARGETS >> k & 1 ? d->n_experts : 1;
+            /* expert parallel: the rank's E/N experts' adapters (as its base
+             * stacks), the elements [ep_lo, ep_lo + numel) of the whole */
+            int64_t P = ne > 1 && m->d.ep > 1 ? m->d.ep : 1;
+            ne /= P;
             /* Qwen2-MoE: gate/up/down_proj are the shared expert's (PEFT: mlp.shared_expert.gate_proj) */
             char path[64];
             snprintf(path, sizeof path, "%s", mf_lora_target_path(k));
@@ -765,6 +775,10 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
             add_tensor(m, &ad, nm, l, 2, ne * r, in, ne * r, 1);
             snprintf(nm, sizeof nm, "%s.%d.%s.lora_B.weight", pre, l, path);
             add_tensor(m, &ad, nm, l, 2, ne * out, r, ne * out, 1);
+            for (int j = 1; P > 1 && j <= 2; j++) {
+                mf_tensor *t = &m->tensors[m->n_tensors - j];
+                t->ep_full = t->numel * P, t->ep_lo = t->numel * (m->opt.rank % P);
+            }
         }
 
     /* loader buffers */
