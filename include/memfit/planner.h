@@ -53,6 +53,8 @@ typedef struct {
     int gemm_m[MF_RATES_GEMM_ROWS];           /* rows (B x T) calibrated */
     double gemm_gflops[MF_RATES_GEMM_ROWS][MF_RATES_GEMM_SIZES]; /* fp32 GEMM (M rows, K=C, N=4C) */
     double gemm16_gflops[MF_RATES_GEMM_ROWS][MF_RATES_GEMM_SIZES]; /* bf16 GEMM (oneDNN), same shapes */
+    double attnproj_factor[MF_RATES_GEMM_SIZES];   /* attention projections (C -> 3C, C -> C) / MLP rate, fp32 */
+    double attnproj16_factor[MF_RATES_GEMM_SIZES]; /* the same in bf16 */
     double attn_gflops;   /* causal flash attention forward+backward, hs 64 */
     double elem_gbs;      /* LayerNorm and GELU kernels, bytes read + written */
     double optim_mps[4];  /* optimizer update, million parameters/s, by mf_optim_kind */

@@ -88,11 +88,11 @@ static void run_gemm(void *p) {
  * is taken out of its time: the step model counts it once per call, and
  * at 64 rows it is a visible share of a small product. */
 typedef struct { size_t big; float *f[3]; mf_bf16 *h[3]; double call_s[2]; } gemm_ws;
-static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int bf16) {
-    /* {tA, tB, accumulate, m, n, k} */
-    const int form[3][6] = {{0, 0, 0, M, 4 * C, C},   /* y = x W */
-                            {0, 1, 0, M, C, 4 * C},   /* dx = dy W^T (W stored C x 4C) */
-                            {1, 0, 1, C, 4 * C, M}};  /* dW += x^T dy */
+static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int O, int bf16) {
+    /* {tA, tB, accumulate, m, n, k}; O outputs (4C for the MLP) */
+    const int form[3][6] = {{0, 0, 0, M, O, C},   /* y = x W */
+                            {0, 1, 0, M, C, O},   /* dx = dy W^T (W stored C x O) */
+                            {1, 0, 1, C, O, M}};  /* dW += x^T dy */
     double secs = 0, flops = 0;
     for (int f = 0; f < 3; f++) {
         int m = form[f][3], n = form[f][4], k = form[f][5];
@@ -215,10 +215,29 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
         r->gemm_m[j] = gemm_rows[j];
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++) {
             r->gemm_c[i] = gemm_widths[i];
-            r->gemm_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 0);
-            r->gemm16_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 1);
+            r->gemm_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 4 * gemm_widths[i], 0);
+            r->gemm16_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 4 * gemm_widths[i], 1);
             /* oneDNN cannot run bf16: bf16 is not offered faster */
             if (r->gemm16_gflops[j][i] <= 0) r->gemm16_gflops[j][i] = r->gemm_gflops[j][i];
+        }
+    }
+    /* the attention's projections (qkv: C -> 3C, output: C -> C, GPT-2's
+     * shapes) against the MLP's, at the largest row count: narrower
+     * outputs run below the MLP's rate (bench/gemm_paths.c: the proj forms
+     * 73-103 GFLOP per CPU-second where the MLP's ran 93-100), and they
+     * are a third of a block's FLOPs. One row count only, to keep the
+     * calibration short; the ratio is applied at every row count. */
+    for (int i = 0; i < MF_RATES_GEMM_SIZES && wok; i++) {
+        int M = gemm_rows[MF_RATES_GEMM_ROWS - 1], C = gemm_widths[i];
+        for (int h = 0; h < 2; h++) {
+            /* FLOPs 3:1, as qkv and the output projection */
+            double a = gemm_mix_rate(&ws, M, C, 3 * C, h), b = gemm_mix_rate(&ws, M, C, C, h);
+            double mlp = h ? r->gemm16_gflops[MF_RATES_GEMM_ROWS - 1][i] : r->gemm_gflops[MF_RATES_GEMM_ROWS - 1][i];
+            double f = a > 0 && b > 0 && mlp > 0 ? 4.0 / (3.0 / a + 1.0 / b) / mlp : 1.0;
+            /* a factor far from 1 is noise on a shared machine, not a shape */
+            f = f < 0.5 ? 0.5 : f > 1.5 ? 1.5 : f;
+            if (h) r->attnproj16_factor[i] = f;
+            else r->attnproj_factor[i] = f;
         }
     }
     for (int k = 0; k < 3; k++) { free(ws.f[k]); free(ws.h[k]); }
@@ -340,6 +359,9 @@ static int rates_load(mf_rates *r, const char *path, int nthreads) {
     for (int k = 0; ok && k < 4; k++) ok = fscanf(f, "optim %lf\n", &r->optim_mps[k]) == 1 && r->optim_mps[k] > 0;
     ok = ok && fscanf(f, "calls %lf %lf %lf\n", &r->region_us, &r->gemm_call_us, &r->gemm16_call_us) == 3 &&
          r->region_us >= 0 && r->gemm_call_us >= 0 && r->gemm16_call_us >= 0;
+    for (int i = 0; ok && i < MF_RATES_GEMM_SIZES; i++)
+        ok = fscanf(f, "attnproj %lf %lf\n", &r->attnproj_factor[i], &r->attnproj16_factor[i]) == 2 &&
+             r->attnproj_factor[i] > 0 && r->attnproj16_factor[i] > 0;
     fclose(f);
     return ok ? 0 : -1;
 }
@@ -356,6 +378,7 @@ static void rates_save(const mf_rates *r, const char *path) {
     fprintf(f, "attn %.6g\nelem %.6g\ndisk %.6g\ncalib_s %.3f\n", r->attn_gflops, r->elem_gbs, r->disk_gbs, r->calib_s);
     for (int k = 0; k < 4; k++) fprintf(f, "optim %.6g\n", r->optim_mps[k]);
     fprintf(f, "calls %.6g %.6g %.6g\n", r->region_us, r->gemm_call_us, r->gemm16_call_us);
+    for (int i = 0; i < MF_RATES_GEMM_SIZES; i++) fprintf(f, "attnproj %.6g %.6g\n", r->attnproj_factor[i], r->attnproj16_factor[i]);
     if (fclose(f) == 0) rename(tmp, path);
     else unlink(tmp);
 }
@@ -401,6 +424,17 @@ static double interp(const mf_rates *r, const double (*g)[MF_RATES_GEMM_SIZES], 
 }
 
 double mf_rates_gemm(const mf_rates *r, int C, int M) { return interp(r, r->gemm_gflops, C, M); }
+
+/* the attention projections' rate as a share of the MLP's at width C
+ * (log-linear between the calibrated widths; 1 before calibration) */
+static double attnproj_factor(const mf_rates *r, int C, int h16) {
+    const double *f = h16 ? r->attnproj16_factor : r->attnproj_factor;
+    int i;
+    double fc;
+    locate(r->gemm_c, MF_RATES_GEMM_SIZES, C, &i, &fc);
+    double v = f[i] + fc * (f[i + 1] - f[i]);
+    return v > 0 ? v : 1.0;
+}
 double mf_rates_gemm16(const mf_rates *r, int C, int M) { return interp(r, r->gemm16_gflops, C, M); }
 
 /* The work of one optimizer step of a planned model.
@@ -492,6 +526,11 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
     }
     double gemm = (lora ? 2 : 3) * (d->L * blk_mm + head) + nrec * blk_mm;
     if (lora) gemm += (6.0 + 2.0 * nrec / d->L) * N * trainable;
+    /* the attention's projections' share of the block FLOPs, which run at
+     * their own (calibrated) rate */
+    double ap = (double)d->C * ((double)(d->NH + 2 * d->NKV) * d->hd + (double)d->NH * d->hd);
+    double ap_share = ap / (double)mf_model_block_matmul_params(d);
+    double gemm_ap = ((lora ? 2 : 3) * d->L + nrec) * blk_mm * ap_share;
     double attn = 3.5 * d->L * attn_f + nrec * attn_f;
     double elem = 4.0 * (3 * d->L * 18 * N * C + nrec * 18 * N * C + (sel ? d->L * 12 * N * C : 0) + 2 * N * d->Vp);
     /* 16-bit: rounding every GEMM's output gradient and the attention
@@ -515,8 +554,10 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
     c->regions = accum * regions + step_update_regions(m);
     double disk = r->disk_gbs > 0 ? r->disk_gbs : r->elem_gbs;
     /* bf16 GEMMs at their own calibrated rate; fp16 widens to fp32 sgemm */
-    double grate = m->cdt == MF_DTYPE_BF16 ? mf_rates_gemm16(r, d->C, m->B * m->T) : mf_rates_gemm(r, d->C, m->B * m->T);
-    c->pred_s = c->gemm_flops / (grate * 1e9) + c->attn_flops / (r->attn_gflops * 1e9) +
+    int b16 = m->cdt == MF_DTYPE_BF16;
+    double grate = b16 ? mf_rates_gemm16(r, d->C, m->B * m->T) : mf_rates_gemm(r, d->C, m->B * m->T);
+    double ap_s = accum * gemm_ap / (grate * 1e9);  /* those FLOPs at the MLP's rate, replaced below */
+    c->pred_s = c->gemm_flops / (grate * 1e9) - ap_s + ap_s / attnproj_factor(r, d->C, b16) + c->attn_flops / (r->attn_gflops * 1e9) +
                 c->elem_bytes / (r->elem_gbs * 1e9) + c->io_bytes / (disk * 1e9) +
                 nparams / (r->optim_mps[m->opt.kind] * 1e6) +
                 (c->gemm_calls * (m->cdt == MF_DTYPE_BF16 ? r->gemm16_call_us : r->gemm_call_us) +
