@@ -8,7 +8,9 @@
 # cached rates (kernel classes and the fixed per-call costs) and, per
 # config, the setting the planner ran, the predicted and the measured median
 # seconds per step (steps after the first) and the error (predicted -
-# measured) / measured.
+# measured) / measured. Both to the microsecond: the prediction from
+# `memfit plan --json` (the same rates and model as train's planner line,
+# which rounds to milliseconds), the steps from train's --metrics.
 #   bench/time_model.sh              gpt2-124m B4 T256 (fp32, bf16, fp32 and
 #                                    bf16 with recompute full), gpt2-10m B8
 #                                    T256, gpt2-1m B8 T128, bytes L4 C256 B16 T256
@@ -56,26 +58,39 @@ RATES=$(ls -t "$CACHE"/rates-v6-*-t"$THREADS"-w*.txt 2>/dev/null | head -1 || tr
 for c in "${CONFIGS[@]}"; do
   name=${c%%|*}; rest=${c#*|}; steps=${rest%%|*}; args=${rest#*|}
   read -r -a a <<< "$args"
-  "$M" train "${a[@]}" --threads "$THREADS" --grad_accum 1 --budget 64GiB --steps "$steps" \
+  "$M" plan "${a[@]}" --threads "$THREADS" --grad_accum 1 --json > "$W/$name.json" 2> "$W/$name.plan.err" ||
+    { echo "time_model: plan of $name failed" >&2; cat "$W/$name.plan.err" >&2; exit 1; }
+  "$M" train "${a[@]}" --threads "$THREADS" --grad_accum 1 --budget 64GiB --steps "$steps" --metrics "$W/$name.jsonl" \
     --sample_tokens 0 --val_every 0 --val_batches 1 --progress 0 > "$W/$name.log" 2>&1 ||
     { echo "time_model: $name failed" >&2; tail -5 "$W/$name.log" >&2; exit 1; }
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 /usr/bin/python3 - "$W" "${CONFIGS[@]}" <<'PY'
-import re, sys
-w, configs = sys.argv[1], [c.split("|")[0] for c in sys.argv[2:]]
+import json, re, statistics, sys
+w, configs = sys.argv[1], sys.argv[2:]
 print()
 print("| config | setting the planner ran | predicted s/step | measured s/step (median) | error |")
 print("|---|---|---|---|---|")
 errs = []
-for name in configs:
+for c in configs:
+    name, args = c.split("|")[0], c.split("|")[2].split()
+    arg = lambda k: args[args.index(k) + 1]
     log = open("%s/%s.log" % (w, name)).read()
     ch = re.search(r"planner: (.*), the fastest of", log)
-    tm = re.search(r"planner: predicted ([0-9.]+) s/step, measured median ([0-9.]+) s over (\d+) steps", log)
-    p, s = float(tm.group(1)), float(tm.group(2))
+    # the requested setting in the plan: batch, no accumulation, the policy and precision asked, nothing else varied
+    plan = json.load(open("%s/%s.json" % (w, name)))
+    want = [x for x in plan["settings"] if x["batch"] == int(arg("--batch")) and x["grad_accum"] == 1
+            and x["recompute"] == arg("--recompute") and x["precision"] == arg("--precision") and not x["offload"]
+            and not x["update_in_backward"] and x["optimizer"] == "adamw" and not x["lora"]
+            and (x["precision"] == "fp32" or (x["master_weights"] and not x["pure_bf16"] and x["grad_dtype"] == "fp32"))]
+    if len(want) != 1:
+        sys.exit("time_model: %s: %d settings in the plan match the requested one" % (name, len(want)))
+    p = want[0]["pred_step_s"]
+    steps = [json.loads(l)["step_s"] for l in open("%s/%s.jsonl" % (w, name))][1:]
+    s = statistics.median(steps)
     e = (p - s) / s
     errs.append(abs(e))
-    print("| %s | %s | %.4f | %.4f (%s steps) | %+.1f%% |" % (name, ch.group(1) if ch else "?", p, s, tm.group(3), 100 * e))
+    print("| %s | %s | %.6f | %.6f (%d steps) | %+.1f%% |" % (name, ch.group(1) if ch else "?", p, s, len(steps), 100 * e))
 print()
 print("largest |error| %.1f%%; configs within 10%%: %d of %d (goal: all)" % (
     100 * max(errs), sum(e <= 0.10 for e in errs), len(errs)))

@@ -425,6 +425,8 @@ static double interp(const mf_rates *r, const double (*g)[MF_RATES_GEMM_SIZES], 
 
 double mf_rates_gemm(const mf_rates *r, int C, int M) { return interp(r, r->gemm_gflops, C, M); }
 
+double mf_rates_gemm16(const mf_rates *r, int C, int M) { return interp(r, r->gemm16_gflops, C, M); }
+
 /* the attention projections' rate as a share of the MLP's at width C
  * (log-linear between the calibrated widths; 1 before calibration) */
 static double attnproj_factor(const mf_rates *r, int C, int h16) {
@@ -435,7 +437,6 @@ static double attnproj_factor(const mf_rates *r, int C, int h16) {
     double v = f[i] + fc * (f[i + 1] - f[i]);
     return v > 0 ? v : 1.0;
 }
-double mf_rates_gemm16(const mf_rates *r, int C, int M) { return interp(r, r->gemm16_gflops, C, M); }
 
 /* The work of one optimizer step of a planned model.
  * GEMM FLOPs: a block's matmuls are 2N(3C^2 + C^2 + 4C^2 + 4C^2) forward,
@@ -468,8 +469,9 @@ double mf_rates_gemm16(const mf_rates *r, int C, int M) { return interp(r, r->ge
  *   as several 1024-column or 1024-deep blocks is counted once.
  * - parallel regions of the other kernels, only where the kernel forks
  *   (rows x C >= STEP_PAR_MIN): per block forward 5 (two norms, attention,
- *   the activation, a residual or bias epilogue), backward P + 4 (a bias
- *   gradient per projection, two norms, the activation, attention); 16-bit
+ *   the activation, a residual or bias epilogue), backward 4 + one per
+ *   projection bias (its gradient; GPT-2 has 4, Llama none), two norms,
+ *   the activation, attention; 16-bit
  *   adds P (rounding d(output) before each projection's backward) + 2
  *   (rounding the attention output forward and backward); selective
  *   recomputation 3 (two norms, the activation); a recomputed block its
@@ -482,14 +484,16 @@ double mf_rates_gemm16(const mf_rates *r, int C, int M) { return interp(r, r->ge
 static void step_calls(const mf_model *m, int nrec, int sel, int lora, double *gemms, double *regions) {
     const mf_dims *d = &m->d;
     static const int proj[] = {MF_LT_Q, MF_LT_K, MF_LT_V, MF_LT_O, MF_LT_GATE, MF_LT_UP, MF_LT_DOWN};
-    int P = 0;
+    static const int bias[] = {MF_LT_QB, MF_LT_KB, MF_LT_VB, MF_LT_OB, MF_LT_GATEB, MF_LT_DOWNB};
+    int P = 0, nb = 0;
     for (size_t i = 0; i < sizeof proj / sizeof proj[0]; i++) P += m->lt[proj[i]] >= 0;
+    for (size_t i = 0; i < sizeof bias / sizeof bias[0]; i++) nb += m->lt[bias[i]] >= 0;
     double N = (double)m->B * m->T, chunks = ceil(N / (m->chunk_rows > 0 ? m->chunk_rows : N));
     int h16 = m->cdt != MF_DTYPE_F32;
     *gemms = d->L * (double)P * (lora ? 2 : 3) + nrec * (double)P + chunks * (lora ? 2 : 3);
     double reg = 0;
     if (N * d->C >= STEP_PAR_MIN)
-        reg = d->L * (5.0 + P + 4 + (h16 ? P + 2 : 0) + (sel ? 3 : 0)) + nrec * 5.0 + chunks + 4;
+        reg = d->L * (5.0 + nb + 4 + (h16 ? P + 2 : 0) + (sel ? 3 : 0)) + nrec * 5.0 + chunks + 4;
     *regions = reg;
 }
 
