@@ -88,7 +88,7 @@ static void run_gemm(void *p) {
  * is taken out of its time: the step model counts it once per call, and
  * at 64 rows it is a visible share of a small product. */
 typedef struct { size_t big; float *f[3]; mf_bf16 *h[3]; double call_s[2]; } gemm_ws;
-static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int O, int bf16) {
+static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int O, int bf16, double min_s) {
     /* {tA, tB, accumulate, m, n, k}; O outputs (4C for the MLP) */
     const int form[3][6] = {{0, 0, 0, M, O, C},   /* y = x W */
                             {0, 1, 0, M, C, O},   /* dx = dy W^T (W stored C x O) */
@@ -102,13 +102,13 @@ static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int O, int bf16) {
             h.sb = mf_gemm_bf16_scratch_bytes(m, n, k, h.tA, h.tB, h.acc, 0, 0);
             h.s = h.sb != SIZE_MAX ? malloc(h.sb ? h.sb : 1) : NULL;
             int ok = h.s && mf_gemm_bf16_sized(h.c, h.a, h.b, NULL, m, n, k, h.tA, h.tB, h.acc, 0, h.s, h.sb) == 0;
-            double t = ok ? best_of(run_gemm16, &h, 0.02) : 0;
+            double t = ok ? best_of(run_gemm16, &h, min_s) : 0;
             secs += t - fmin(ws->call_s[1], 0.5 * t);
             free(h.s);
             if (!ok) return 0;
         } else {
             gemm_ctx g = {m, n, k, form[f][0], form[f][1], form[f][2], ws->f[0], ws->f[1], ws->f[2]};
-            double t = best_of(run_gemm, &g, 0.02);
+            double t = best_of(run_gemm, &g, min_s);
             secs += t - fmin(ws->call_s[0], 0.5 * t);
         }
         flops += 2.0 * m * n * k;
@@ -215,8 +215,8 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
         r->gemm_m[j] = gemm_rows[j];
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++) {
             r->gemm_c[i] = gemm_widths[i];
-            r->gemm_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 4 * gemm_widths[i], 0);
-            r->gemm16_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 4 * gemm_widths[i], 1);
+            r->gemm_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 4 * gemm_widths[i], 0, 0.02);
+            r->gemm16_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 4 * gemm_widths[i], 1, 0.02);
             /* oneDNN cannot run bf16: bf16 is not offered faster */
             if (r->gemm16_gflops[j][i] <= 0) r->gemm16_gflops[j][i] = r->gemm_gflops[j][i];
         }
@@ -226,12 +226,13 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
      * outputs run below the MLP's rate (bench/gemm_paths.c: the proj forms
      * 73-103 GFLOP per CPU-second where the MLP's ran 93-100), and they
      * are a third of a block's FLOPs. One row count only, to keep the
-     * calibration short; the ratio is applied at every row count. */
+     * calibration short (and 10 ms per form, not 20: about half a second
+     * in all); the ratio is applied at every row count. */
     for (int i = 0; i < MF_RATES_GEMM_SIZES && wok; i++) {
         int M = gemm_rows[MF_RATES_GEMM_ROWS - 1], C = gemm_widths[i];
         for (int h = 0; h < 2; h++) {
             /* FLOPs 3:1, as qkv and the output projection */
-            double a = gemm_mix_rate(&ws, M, C, 3 * C, h), b = gemm_mix_rate(&ws, M, C, C, h);
+            double a = gemm_mix_rate(&ws, M, C, 3 * C, h, 0.01), b = gemm_mix_rate(&ws, M, C, C, h, 0.01);
             double mlp = h ? r->gemm16_gflops[MF_RATES_GEMM_ROWS - 1][i] : r->gemm_gflops[MF_RATES_GEMM_ROWS - 1][i];
             double f = a > 0 && b > 0 && mlp > 0 ? 4.0 / (3.0 / a + 1.0 / b) / mlp : 1.0;
             /* a factor far from 1 is noise on a shared machine, not a shape */
