@@ -1,12 +1,17 @@
 #!/usr/bin/python3
-"""PyTorch GPT-2 training-throughput baseline (CPU, fp32).
+"""PyTorch GPT-2 training-throughput baseline (CPU, fp32, or bf16 autocast).
 
 Uses the reference model in tests/ref/gpt2_torch.py. Run with /usr/bin/python3.
 Runs --steps AdamW steps in total (lr 3e-4, betas 0.9/0.95, eps 1e-8, wd 0.1 on
 dim>=2 params, global-norm clip 1.0); the first --warmup-steps of them are not
-timed into the result. Prints one JSON line:
+timed into the result. --autocast bf16 runs the forward (and the loss) under
+torch.autocast("cpu", dtype=torch.bfloat16), as PyTorch's mixed-precision
+recipe does: matmuls in bf16 (oneDNN's AVX512_BF16 kernels where the CPU has
+them), fp32 weights, gradients and AdamW step; the backward follows the
+forward's dtypes. Without it (the default) everything is fp32, as before.
+Prints one JSON line:
   {"system":"pytorch","torch":...,"tokens_per_s_median":...,"step_s":[...],
-   "peak_rss_bytes":...,"threads":...,"n_params":..., ...}
+   "peak_rss_bytes":...,"threads":...,"n_params":...,"autocast":null|"bf16", ...}
 
 Data: --tokens FILE reads a memfit token file (64-byte header "MFTOKENS",
 u32 version (1 or 2), u32 kind, u32 vocab, u32 bytes_per_id (2 or 4), u64 n,
@@ -75,6 +80,8 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tokens", default=None, help="memfit token file (default: random ids)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--autocast", choices=["bf16"], default=None,
+                   help="run the forward under torch.autocast('cpu', dtype=torch.bfloat16); default fp32")
     a = p.parse_args()
 
     L, C, H, V, maxT = PRESETS[a.model or "gpt2-10m"]
@@ -120,11 +127,25 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     opt = ref.make_optimizer(model, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, wd=0.1)
 
+    def step_autocast(x, y):
+        """ref.train_step with the forward under bf16 autocast; backward,
+        clip and AdamW as there (fp32 weights, gradients and state)."""
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
     step_s, losses = [], []
     for step in range(a.steps):
         x, y = next_batch()
         t0 = time.perf_counter()
-        loss = ref.train_step(model, opt, x, y, clip=1.0)
+        if a.autocast:
+            loss = step_autocast(x, y)
+        else:
+            loss = ref.train_step(model, opt, x, y, clip=1.0)
         dt = time.perf_counter() - t0
         losses.append(loss)
         if step >= a.warmup_steps:
@@ -144,6 +165,8 @@ def main():
         "data": a.tokens or "random",
         "loss_first": losses[0], "loss_last": losses[-1],
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        "autocast": a.autocast,
+        "ld_preload": os.environ.get("LD_PRELOAD"),
     }))
 
 
