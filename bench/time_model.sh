@@ -5,7 +5,7 @@
 # every axis pinned (--grad_accum 1, --recompute, --precision; AdamW with
 # the default clip, no offload: the requested setting is the fastest and is
 # chosen), so the prediction is for the setting that runs. Prints the
-# cached rates (kernel classes and the fixed per-call costs) and, per
+# cached rates (kernel classes) and, per
 # config, the setting the planner ran, the predicted and the measured median
 # seconds per step (steps after the first) and the error (predicted -
 # measured) / measured. Both to the microsecond: the prediction from
@@ -53,7 +53,7 @@ echo "each:    $M train ARGS --threads $THREADS --grad_accum 1 --budget 64GiB --
 "$M" plan --recalibrate --model gpt2-1m --batch 8 --seq 128 --threads "$THREADS" > "$W/plan" 2>&1 || { cat "$W/plan" >&2; exit 1; }
 grep '^rates' "$W/plan" | sed 's/^/calibration: /'
 # the cache file just written (the newest for this thread count)
-RATES=$(ls -t "$CACHE"/rates-v6-*-t"$THREADS"-w*.txt 2>/dev/null | head -1 || true)
+RATES=$(ls -t "$CACHE"/rates-v*-t"$THREADS"*.txt 2>/dev/null | head -1 || true)
 [ -n "$RATES" ] && echo "rates file: $(basename "$RATES"): $(grep -E '^(calls|calib_s)' "$RATES" | tr '\n' ' ')"
 for c in "${CONFIGS[@]}"; do
   name=${c%%|*}; rest=${c#*|}; steps=${rest%%|*}; args=${rest#*|}

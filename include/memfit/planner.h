@@ -16,8 +16,7 @@
  *  - Time is a model: the step's GEMM FLOPs, attention FLOPs, element-wise
  *    bytes and offload I/O bytes (recomputation included), each at a rate
  *    measured on this machine by mf_planner_calibrate (a few seconds, cached
- *    per host name, thread count and OpenMP wait policy), plus a fixed cost
- *    per GEMM call and per parallel region of the other kernels.
+ *    per host name and thread count).
  *  - By default only settings that keep the maths of the requested run are
  *    candidates (recompute, micro-batch x accumulation with the effective
  *    batch fixed, update_in_backward when the run does not clip, optimizer
@@ -53,15 +52,10 @@ typedef struct {
     int gemm_m[MF_RATES_GEMM_ROWS];           /* rows (B x T) calibrated */
     double gemm_gflops[MF_RATES_GEMM_ROWS][MF_RATES_GEMM_SIZES]; /* fp32 GEMM (M rows, K=C, N=4C) */
     double gemm16_gflops[MF_RATES_GEMM_ROWS][MF_RATES_GEMM_SIZES]; /* bf16 GEMM (oneDNN), same shapes */
-    double attnproj_factor[MF_RATES_GEMM_SIZES];   /* attention projections (C -> 3C, C -> C) / MLP rate, fp32 */
-    double attnproj16_factor[MF_RATES_GEMM_SIZES]; /* the same in bf16 */
     double attn_gflops;   /* causal flash attention forward+backward, hs 64 */
     double elem_gbs;      /* LayerNorm and GELU kernels, bytes read + written */
     double optim_mps[4];  /* optimizer update, million parameters/s, by mf_optim_kind */
     double disk_gbs;      /* pwrite + pread of a file, as the offload streams */
-    double region_us;     /* fixed cost of one OpenMP parallel region (fork + join), microseconds */
-    double gemm_call_us;  /* fixed cost of one fp32 GEMM call (a tiny product), microseconds */
-    double gemm16_call_us; /* the same for a bf16 GEMM call */
     double calib_s;       /* seconds the calibration took */
 } mf_rates;
 
@@ -101,7 +95,6 @@ typedef struct {
     size_t need;          /* process + headroom: the smallest budget it fits */
     size_t peak_cat[MF_CAT_COUNT];
     double gemm_flops, attn_flops, elem_bytes, io_bytes; /* per optimizer step */
-    double gemm_calls, regions; /* per optimizer step: GEMM calls and other kernels' parallel regions (fixed costs) */
     double optim_params;  /* parameters the optimizer updates per step */
     double pred_s;        /* predicted seconds per optimizer step (compute, plus comm_s over ranks) */
     double comm_bytes;    /* world_size > 1: bytes each rank sends per step (ZeRO paper: 2 Psi for stages

@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -45,32 +44,6 @@ static double best_of(bench_fn fn, void *ctx, double min_s) {
     return best;
 }
 
-/* Microseconds per call of fn over a run of `calls` calls (the fastest of
- * five runs): a fixed per-call cost. The mean, not the fastest single
- * call: a step pays every call's, a sleeping thread's wake-up included
- * (OMP_WAIT_POLICY passive). */
-static double per_call_us(bench_fn fn, void *ctx, int calls) {
-    fn(ctx);
-    double best = INFINITY;
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = mf_time_now();
-        for (int i = 0; i < calls; i++) fn(ctx);
-        double us = (mf_time_now() - t0) / calls * 1e6;
-        if (us < best) best = us;
-    }
-    return best;
-}
-
-/* one parallel region that does nothing: the fork and join every kernel's
- * region pays */
-static void run_region(void *p) {
-    volatile int *hits = p;
-#pragma omp parallel num_threads(hits[1])
-    {
-        if (omp_get_thread_num() == 0) hits[0]++;
-    }
-}
-
 typedef struct { int M, N, K, tA, tB, acc; float *a, *b, *c; } gemm_ctx;
 static void run_gemm(void *p) {
     gemm_ctx *g = p;
@@ -84,15 +57,13 @@ static void run_gemm(void *p) {
  * run it). A single forward-form GEMM ran 10-25% faster than a step's mix
  * here (bench/gemm_paths.c), which made predicted steps short. Operands
  * come from ws: three buffers of `big` floats (fp32) and of `big` bf16
- * values, filled once. Each call's fixed cost (ws->call_s, measured first)
- * is taken out of its time: the step model counts it once per call, and
- * at 64 rows it is a visible share of a small product. */
-typedef struct { size_t big; float *f[3]; mf_bf16 *h[3]; double call_s[2]; } gemm_ws;
-static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int O, int bf16, double min_s) {
-    /* {tA, tB, accumulate, m, n, k}; O outputs (4C for the MLP) */
-    const int form[3][6] = {{0, 0, 0, M, O, C},   /* y = x W */
-                            {0, 1, 0, M, C, O},   /* dx = dy W^T (W stored C x O) */
-                            {1, 0, 1, C, O, M}};  /* dW += x^T dy */
+ * values, filled once. */
+typedef struct { size_t big; float *f[3]; mf_bf16 *h[3]; } gemm_ws;
+static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int bf16) {
+    /* {tA, tB, accumulate, m, n, k} */
+    const int form[3][6] = {{0, 0, 0, M, 4 * C, C},   /* y = x W */
+                            {0, 1, 0, M, C, 4 * C},   /* dx = dy W^T (W stored C x 4C) */
+                            {1, 0, 1, C, 4 * C, M}};  /* dW += x^T dy */
     double secs = 0, flops = 0;
     for (int f = 0; f < 3; f++) {
         int m = form[f][3], n = form[f][4], k = form[f][5];
@@ -102,14 +73,12 @@ static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int O, int bf16, do
             h.sb = mf_gemm_bf16_scratch_bytes(m, n, k, h.tA, h.tB, h.acc, 0, 0);
             h.s = h.sb != SIZE_MAX ? malloc(h.sb ? h.sb : 1) : NULL;
             int ok = h.s && mf_gemm_bf16_sized(h.c, h.a, h.b, NULL, m, n, k, h.tA, h.tB, h.acc, 0, h.s, h.sb) == 0;
-            double t = ok ? best_of(run_gemm16, &h, min_s) : 0;
-            secs += t - fmin(ws->call_s[1], 0.5 * t);
+            if (ok) secs += best_of(run_gemm16, &h, 0.02);
             free(h.s);
             if (!ok) return 0;
         } else {
             gemm_ctx g = {m, n, k, form[f][0], form[f][1], form[f][2], ws->f[0], ws->f[1], ws->f[2]};
-            double t = best_of(run_gemm, &g, min_s);
-            secs += t - fmin(ws->call_s[0], 0.5 * t);
+            secs += best_of(run_gemm, &g, 0.02);
         }
         flops += 2.0 * m * n * k;
     }
@@ -183,7 +152,7 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
     r->threads = nthreads;
     /* GEMM at the shape of a block's MLP (rows x C x 4C) for several widths
      * and row counts (small micro-batches run GEMMs far below peak) */
-    gemm_ws ws = {(size_t)gemm_rows[MF_RATES_GEMM_ROWS - 1] * 4 * gemm_widths[MF_RATES_GEMM_SIZES - 1], {0}, {0}, {0, 0}};
+    gemm_ws ws = {(size_t)gemm_rows[MF_RATES_GEMM_ROWS - 1] * 4 * gemm_widths[MF_RATES_GEMM_SIZES - 1], {0}, {0}};
     if (gemm_widths[MF_RATES_GEMM_SIZES - 1] > gemm_rows[MF_RATES_GEMM_ROWS - 1])
         ws.big = (size_t)gemm_widths[MF_RATES_GEMM_SIZES - 1] * 4 * gemm_widths[MF_RATES_GEMM_SIZES - 1];
     int wok = 1;
@@ -193,52 +162,14 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
         if (ws.f[k]) fill(ws.f[k], ws.big, 1);
         wok &= ws.f[k] && ws.h[k];
     }
-    /* fixed costs: an empty parallel region, and a 32^3 product (65 kFLOP:
-     * its arithmetic is a fraction of a microsecond) through each GEMM path */
-    if (wok) {
-        int hits[2] = {0, nthreads};
-        r->region_us = per_call_us(run_region, hits, 400);
-        gemm_ctx g = {32, 32, 32, 0, 0, 0, ws.f[0], ws.f[1], ws.f[2]};
-        r->gemm_call_us = per_call_us(run_gemm, &g, 200);
-        gemm16_ctx h = {32, 32, 32, 0, 0, 0, ws.h[0], ws.h[1], ws.f[2], NULL, 0};
-        h.sb = mf_gemm_bf16_scratch_bytes(32, 32, 32, 0, 0, 0, 0, 0);
-        h.s = h.sb != SIZE_MAX ? malloc(h.sb ? h.sb : 1) : NULL;
-        if (h.s && mf_gemm_bf16_sized(h.c, h.a, h.b, NULL, 32, 32, 32, 0, 0, 0, 0, h.s, h.sb) == 0)
-            r->gemm16_call_us = per_call_us(run_gemm16, &h, 200);
-        else
-            r->gemm16_call_us = r->gemm_call_us;  /* no bf16 GEMM: bf16 runs the fp32 path */
-        free(h.s);
-        ws.call_s[0] = r->gemm_call_us * 1e-6;
-        ws.call_s[1] = r->gemm16_call_us * 1e-6;
-    }
     for (int j = 0; j < MF_RATES_GEMM_ROWS && wok; j++) {
         r->gemm_m[j] = gemm_rows[j];
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++) {
             r->gemm_c[i] = gemm_widths[i];
-            r->gemm_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 4 * gemm_widths[i], 0, 0.02);
-            r->gemm16_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 4 * gemm_widths[i], 1, 0.02);
+            r->gemm_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 0);
+            r->gemm16_gflops[j][i] = gemm_mix_rate(&ws, gemm_rows[j], gemm_widths[i], 1);
             /* oneDNN cannot run bf16: bf16 is not offered faster */
             if (r->gemm16_gflops[j][i] <= 0) r->gemm16_gflops[j][i] = r->gemm_gflops[j][i];
-        }
-    }
-    /* the attention's projections (qkv: C -> 3C, output: C -> C, GPT-2's
-     * shapes) against the MLP's, at the largest row count: narrower
-     * outputs run below the MLP's rate (bench/gemm_paths.c: the proj forms
-     * 73-103 GFLOP per CPU-second where the MLP's ran 93-100), and they
-     * are a third of a block's FLOPs. One row count only, to keep the
-     * calibration short (and 10 ms per form, not 20: about half a second
-     * in all); the ratio is applied at every row count. */
-    for (int i = 0; i < MF_RATES_GEMM_SIZES && wok; i++) {
-        int M = gemm_rows[MF_RATES_GEMM_ROWS - 1], C = gemm_widths[i];
-        for (int h = 0; h < 2; h++) {
-            /* FLOPs 3:1, as qkv and the output projection */
-            double a = gemm_mix_rate(&ws, M, C, 3 * C, h, 0.01), b = gemm_mix_rate(&ws, M, C, C, h, 0.01);
-            double mlp = h ? r->gemm16_gflops[MF_RATES_GEMM_ROWS - 1][i] : r->gemm_gflops[MF_RATES_GEMM_ROWS - 1][i];
-            double f = a > 0 && b > 0 && mlp > 0 ? 4.0 / (3.0 / a + 1.0 / b) / mlp : 1.0;
-            /* a factor far from 1 is noise on a shared machine, not a shape */
-            f = f < 0.5 ? 0.5 : f > 1.5 ? 1.5 : f;
-            if (h) r->attnproj16_factor[i] = f;
-            else r->attnproj_factor[i] = f;
         }
     }
     for (int k = 0; k < 3; k++) { free(ws.f[k]); free(ws.h[k]); }
@@ -333,24 +264,16 @@ static void cache_path(char *buf, size_t n, int nthreads) {
     gethostname(host, sizeof host - 1);
     for (char *p = host; *p; p++) if (*p == '/') *p = '_';
     /* the format version is in the name (binaries of other versions keep
-     * their own file), and the GEMM backend, kernel ISA and OpenMP wait
-     * policy (memfit's omp_wait sets it at start): each has its own rates,
-     * the per-call costs most of all (a sleeping thread's wake-up) */
-    char wait[16] = "default";
-    const char *w = getenv("OMP_WAIT_POLICY");
-    if (w && *w) {
-        snprintf(wait, sizeof wait, "%s", w);
-        for (char *p = wait; *p; p++) if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z'))) *p = '_';
-    }
-    snprintf(buf, n, "%s/rates-v6-%s-%s-%s-t%d-w%s.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
-             mf_kernels_isa_name(), nthreads, wait);
+     * their own file), and the GEMM backend and kernel ISA: each has its own rates */
+    snprintf(buf, n, "%s/rates-v5-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
+             mf_kernels_isa_name(), nthreads);
 }
 
 static int rates_load(mf_rates *r, const char *path, int nthreads) {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     memset(r, 0, sizeof *r);
-    int ok = fscanf(f, "memfit-rates 6 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
+    int ok = fscanf(f, "memfit-rates 5 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
     for (int j = 0; ok && j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; ok && i < MF_RATES_GEMM_SIZES; i++)
             ok = fscanf(f, "gemm %d %d %lf %lf\n", &r->gemm_m[j], &r->gemm_c[i], &r->gemm_gflops[j][i],
@@ -358,11 +281,6 @@ static int rates_load(mf_rates *r, const char *path, int nthreads) {
     ok = ok && fscanf(f, "attn %lf\nelem %lf\ndisk %lf\ncalib_s %lf\n", &r->attn_gflops, &r->elem_gbs, &r->disk_gbs,
                       &r->calib_s) == 4 && r->attn_gflops > 0 && r->elem_gbs > 0;
     for (int k = 0; ok && k < 4; k++) ok = fscanf(f, "optim %lf\n", &r->optim_mps[k]) == 1 && r->optim_mps[k] > 0;
-    ok = ok && fscanf(f, "calls %lf %lf %lf\n", &r->region_us, &r->gemm_call_us, &r->gemm16_call_us) == 3 &&
-         r->region_us >= 0 && r->gemm_call_us >= 0 && r->gemm16_call_us >= 0;
-    for (int i = 0; ok && i < MF_RATES_GEMM_SIZES; i++)
-        ok = fscanf(f, "attnproj %lf %lf\n", &r->attnproj_factor[i], &r->attnproj16_factor[i]) == 2 &&
-             r->attnproj_factor[i] > 0 && r->attnproj16_factor[i] > 0;
     fclose(f);
     return ok ? 0 : -1;
 }
@@ -372,14 +290,12 @@ static void rates_save(const mf_rates *r, const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return;  /* no cache folder: calibrate next time too */
-    fprintf(f, "memfit-rates 6 threads %d\n", r->threads);
+    fprintf(f, "memfit-rates 5 threads %d\n", r->threads);
     for (int j = 0; j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
             fprintf(f, "gemm %d %d %.6g %.6g\n", r->gemm_m[j], r->gemm_c[i], r->gemm_gflops[j][i], r->gemm16_gflops[j][i]);
     fprintf(f, "attn %.6g\nelem %.6g\ndisk %.6g\ncalib_s %.3f\n", r->attn_gflops, r->elem_gbs, r->disk_gbs, r->calib_s);
     for (int k = 0; k < 4; k++) fprintf(f, "optim %.6g\n", r->optim_mps[k]);
-    fprintf(f, "calls %.6g %.6g %.6g\n", r->region_us, r->gemm_call_us, r->gemm16_call_us);
-    for (int i = 0; i < MF_RATES_GEMM_SIZES; i++) fprintf(f, "attnproj %.6g %.6g\n", r->attnproj_factor[i], r->attnproj16_factor[i]);
     if (fclose(f) == 0) rename(tmp, path);
     else unlink(tmp);
 }
@@ -425,19 +341,7 @@ static double interp(const mf_rates *r, const double (*g)[MF_RATES_GEMM_SIZES], 
 }
 
 double mf_rates_gemm(const mf_rates *r, int C, int M) { return interp(r, r->gemm_gflops, C, M); }
-
 double mf_rates_gemm16(const mf_rates *r, int C, int M) { return interp(r, r->gemm16_gflops, C, M); }
-
-/* the attention projections' rate as a share of the MLP's at width C
- * (log-linear between the calibrated widths; 1 before calibration) */
-static double attnproj_factor(const mf_rates *r, int C, int h16) {
-    const double *f = h16 ? r->attnproj16_factor : r->attnproj_factor;
-    int i;
-    double fc;
-    locate(r->gemm_c, MF_RATES_GEMM_SIZES, C, &i, &fc);
-    double v = f[i] + fc * (f[i + 1] - f[i]);
-    return v > 0 ? v : 1.0;
-}
 
 /* The work of one optimizer step of a planned model.
  * GEMM FLOPs: a block's matmuls are 2N(3C^2 + C^2 + 4C^2 + 4C^2) forward,
@@ -452,61 +356,7 @@ static double attnproj_factor(const mf_rates *r, int C, int h16) {
  * (2 N Vp); zeroing the gradients and their norm read or write them
  * twice. The optimizer's update is its own class (parameters per second of
  * that optimizer's kernel). Offload moves every state byte out and back
- * once per step. LoRA: see below. Fixed costs: see step_calls. */
-/* Rows x width below which the element-wise kernels run on one thread
- * (MF_PAR_MIN in src/kernels/kern_body.h), and the elements below which the
- * gradient norm's and the optimizers' per-tensor loops do (kern_body.h's
- * sumsq, the optimizers' update) */
-#define STEP_PAR_MIN 4096
-#define STEP_TENSOR_PAR_MIN 65536
-
-/* The calls whose fixed cost the rates leave out, per optimizer step (as
- * src/model/blocks.c, driver.c and src/train/train.c make them):
- * - GEMM calls: each block's P projections forward (P = 4 for GPT-2: qkv,
- *   attention output, MLP up and down; 7 for Llama) and two per projection
- *   backward (weight and input gradient; one with a frozen LoRA base), P
- *   more per recomputed block; the head three per loss chunk (logits,
- *   d(input), d(weights); two when frozen). A 16-bit GEMM that oneDNN runs
- *   as several 1024-column or 1024-deep blocks is counted once.
- * - parallel regions of the other kernels, only where the kernel forks
- *   (rows x C >= STEP_PAR_MIN): per block forward 5 (two norms, attention,
- *   the activation, a residual or bias epilogue), backward 4 + one per
- *   projection bias (its gradient; GPT-2 has 4, Llama none), two norms,
- *   the activation, attention; 16-bit
- *   adds P (rounding d(output) before each projection's backward) + 2
- *   (rounding the attention output forward and backward); selective
- *   recomputation 3 (two norms, the activation); a recomputed block its
- *   forward's 5; the head one per loss chunk (the loss) and four (final
- *   norm and embedding, forward and backward).
- * - per optimizer step: zeroing the gradients (one region), and for each
- *   trainable tensor of at least STEP_TENSOR_PAR_MIN elements the norm's
- *   pass and the update's.
- * Adapters' and experts' own calls are not counted. */
-static void step_calls(const mf_model *m, int nrec, int sel, int lora, double *gemms, double *regions) {
-    const mf_dims *d = &m->d;
-    static const int proj[] = {MF_LT_Q, MF_LT_K, MF_LT_V, MF_LT_O, MF_LT_GATE, MF_LT_UP, MF_LT_DOWN};
-    static const int bias[] = {MF_LT_QB, MF_LT_KB, MF_LT_VB, MF_LT_OB, MF_LT_GATEB, MF_LT_DOWNB};
-    int P = 0, nb = 0;
-    for (size_t i = 0; i < sizeof proj / sizeof proj[0]; i++) P += m->lt[proj[i]] >= 0;
-    for (size_t i = 0; i < sizeof bias / sizeof bias[0]; i++) nb += m->lt[bias[i]] >= 0;
-    double N = (double)m->B * m->T, chunks = ceil(N / (m->chunk_rows > 0 ? m->chunk_rows : N));
-    int h16 = m->cdt != MF_DTYPE_F32;
-    *gemms = d->L * (double)P * (lora ? 2 : 3) + nrec * (double)P + chunks * (lora ? 2 : 3);
-    double reg = 0;
-    if (N * d->C >= STEP_PAR_MIN)
-        reg = d->L * (5.0 + nb + 4 + (h16 ? P + 2 : 0) + (sel ? 3 : 0)) + nrec * 5.0 + chunks + 4;
-    *regions = reg;
-}
-
-/* per optimizer step: zeroing, and the norm's and the update's pass over
- * each trainable tensor large enough to fork */
-static double step_update_regions(const mf_model *m) {
-    double n = 1;
-    for (int i = 0; i < m->n_tensors; i++)
-        if (!m->tensors[i].frozen && m->tensors[i].numel >= STEP_TENSOR_PAR_MIN) n += 2;
-    return n;
-}
-
+ * once per step. LoRA: see below. */
 double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_model *m, const mf_plan *p) {
     const mf_dims *d = &m->d;
     double N = (double)m->B * m->T, C = d->C;
@@ -531,11 +381,6 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
     }
     double gemm = (lora ? 2 : 3) * (d->L * blk_mm + head) + nrec * blk_mm;
     if (lora) gemm += (6.0 + 2.0 * nrec / d->L) * N * trainable;
-    /* the attention's projections' share of the block FLOPs, which run at
-     * their own (calibrated) rate */
-    double ap = (double)d->C * ((double)(d->NH + 2 * d->NKV) * d->hd + (double)d->NH * d->hd);
-    double ap_share = ap / (double)mf_model_block_matmul_params(d);
-    double gemm_ap = ((lora ? 2 : 3) * d->L + nrec) * blk_mm * ap_share;
     double attn = 3.5 * d->L * attn_f + nrec * attn_f;
     double elem = 4.0 * (3 * d->L * 18 * N * C + nrec * 18 * N * C + (sel ? d->L * 12 * N * C : 0) + 2 * N * d->Vp);
     /* 16-bit: rounding every GEMM's output gradient and the attention
@@ -553,19 +398,11 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
     c->elem_bytes = accum * elem + 2.0 * grads;
     c->io_bytes = 2.0 * p->disk_bytes;
     c->optim_params = nparams;
-    double gcalls, regions;
-    step_calls(m, nrec, sel, lora, &gcalls, &regions);
-    c->gemm_calls = accum * gcalls;
-    c->regions = accum * regions + step_update_regions(m);
     double disk = r->disk_gbs > 0 ? r->disk_gbs : r->elem_gbs;
     /* bf16 GEMMs at their own calibrated rate; fp16 widens to fp32 sgemm */
-    int b16 = m->cdt == MF_DTYPE_BF16;
-    double grate = b16 ? mf_rates_gemm16(r, d->C, m->B * m->T) : mf_rates_gemm(r, d->C, m->B * m->T);
-    double ap_s = accum * gemm_ap / (grate * 1e9);  /* those FLOPs at the MLP's rate, replaced below */
-    c->pred_s = c->gemm_flops / (grate * 1e9) - ap_s + ap_s / attnproj_factor(r, d->C, b16) + c->attn_flops / (r->attn_gflops * 1e9) +
+    double grate = m->cdt == MF_DTYPE_BF16 ? mf_rates_gemm16(r, d->C, m->B * m->T) : mf_rates_gemm(r, d->C, m->B * m->T);
+    c->pred_s = c->gemm_flops / (grate * 1e9) + c->attn_flops / (r->attn_gflops * 1e9) +
                 c->elem_bytes / (r->elem_gbs * 1e9) + c->io_bytes / (disk * 1e9) +
-                nparams / (r->optim_mps[m->opt.kind] * 1e6) +
-                (c->gemm_calls * (m->cdt == MF_DTYPE_BF16 ? r->gemm16_call_us : r->gemm_call_us) +
-                 c->regions * r->region_us) * 1e-6;
+                nparams / (r->optim_mps[m->opt.kind] * 1e6);
     return c->pred_s;
 }
