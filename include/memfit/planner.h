@@ -46,13 +46,17 @@ extern "C" {
 /* Kernel-class rates of this machine at the run's thread count. */
 #define MF_RATES_GEMM_SIZES 4
 #define MF_RATES_GEMM_ROWS 3
+#define MF_RATES_ATTN_T 3
+#define MF_RATES_ATTN_HS 3
 typedef struct {
     int threads;
     int gemm_c[MF_RATES_GEMM_SIZES];          /* model widths C calibrated */
     int gemm_m[MF_RATES_GEMM_ROWS];           /* rows (B x T) calibrated */
     double gemm_gflops[MF_RATES_GEMM_ROWS][MF_RATES_GEMM_SIZES]; /* fp32 GEMM (M rows, K=C, N=4C) */
     double gemm16_gflops[MF_RATES_GEMM_ROWS][MF_RATES_GEMM_SIZES]; /* bf16 GEMM (oneDNN), same shapes */
-    double attn_gflops;   /* causal flash attention forward+backward, hs 64 */
+    int attn_t[MF_RATES_ATTN_T];              /* sequence lengths T calibrated */
+    int attn_hs[MF_RATES_ATTN_HS];            /* head sizes calibrated */
+    double attn_gflops[MF_RATES_ATTN_T][MF_RATES_ATTN_HS]; /* causal flash attention forward+backward */
     double elem_gbs;      /* LayerNorm and GELU kernels, bytes read + written */
     double optim_mps[4];  /* optimizer update, million parameters/s, by mf_optim_kind */
     double disk_gbs;      /* pwrite + pread of a file, as the offload streams */
@@ -73,6 +77,11 @@ int mf_planner_calibrate(mf_rates *r, int nthreads);
 double mf_rates_gemm(const mf_rates *r, int C, int M);
 /* The same for bf16 GEMMs (precision bf16). */
 double mf_rates_gemm16(const mf_rates *r, int C, int M);
+/* Flash attention's rate at sequence length T and head size hs (log-linear
+ * between the calibrated points, clamped at the ends): short sequences and
+ * narrow heads run it far below its peak (T 128 hs 32 at about 40% of
+ * T 1024 hs 64 here). */
+double mf_rates_attn(const mf_rates *r, int T, int hs);
 
 /* One candidate setting and what it costs. */
 typedef struct {

@@ -670,8 +670,9 @@ static int cmd_plan(int argc, char **argv) {
                cfg.budget ? mf_size_format(cfg.budget, a, sizeof a) : "none",
                strcmp(cfg.allow, "lossy") == 0 ? "lossy settings allowed" : "exact settings only (--allow lossy adds others)");
         printf("rates (%s, %d threads): GEMM %.1f GFLOP/s at this model's width and micro-batch rows, "
-               "attention %.1f GFLOP/s, element-wise %.1f GB/s, disk %.2f GB/s\n", cached ? "cached" : "calibrated now",
-               nthreads, mf_rates_gemm(&rates, d.C, cfg.batch * T), rates.attn_gflops, rates.elem_gbs, rates.disk_gbs);
+               "attention %.1f GFLOP/s at its T and head size, element-wise %.1f GB/s, disk %.2f GB/s\n", cached ? "cached" : "calibrated now",
+               nthreads, mf_rates_gemm(&rates, d.C, cfg.batch * T), mf_rates_attn(&rates, T, d.hd), rates.elem_gbs,
+               rates.disk_gbs);
         printf("process bytes = planned arena + runtime outside it (%s measured here; train's runtime also holds its\n"
                "tokenizer and data, so train re-plans with its own); offloaded settings use %s\n",
                mf_size_format(runtime, b, sizeof b), path);

@@ -16,6 +16,8 @@
 
 static const int gemm_widths[MF_RATES_GEMM_SIZES] = {128, 256, 512, 768};
 static const int gemm_rows[MF_RATES_GEMM_ROWS] = {64, 256, 1024};
+static const int attn_ts[MF_RATES_ATTN_T] = {128, 256, 1024};
+static const int attn_hss[MF_RATES_ATTN_HS] = {32, 64, 128};
 
 static void fill(float *x, size_t n, float s);
 
@@ -59,11 +61,8 @@ static void run_gemm(void *p) {
  * come from ws: three buffers of `big` floats (fp32) and of `big` bf16
  * values, filled once. */
 typedef struct { size_t big; float *f[3]; mf_bf16 *h[3]; } gemm_ws;
-static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int bf16) {
-    /* {tA, tB, accumulate, m, n, k} */
-    const int form[3][6] = {{0, 0, 0, M, 4 * C, C},   /* y = x W */
-                            {0, 1, 0, M, C, 4 * C},   /* dx = dy W^T (W stored C x 4C) */
-                            {1, 0, 1, C, 4 * C, M}};  /* dW += x^T dy */
+/* GFLOP/s over three forms {tA, tB, accumulate, m, n, k} */
+static double mix_rate(const gemm_ws *ws, const int form[3][6], int bf16) {
     double secs = 0, flops = 0;
     for (int f = 0; f < 3; f++) {
         int m = form[f][3], n = form[f][4], k = form[f][5];
@@ -83,6 +82,12 @@ static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int bf16) {
         flops += 2.0 * m * n * k;
     }
     return secs > 0 ? flops / secs / 1e9 : 0;
+}
+static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int bf16) {
+    const int form[3][6] = {{0, 0, 0, M, 4 * C, C},   /* y = x W */
+                            {0, 1, 0, M, C, 4 * C},   /* dx = dy W^T (W stored C x 4C) */
+                            {1, 0, 1, C, 4 * C, M}};  /* dW += x^T dy */
+    return mix_rate(ws, form, bf16);
 }
 
 typedef struct { int B, T, C, NH; float *out, *lse, *qkv, *dqkv, *dout, *scratch; } attn_ctx;
@@ -138,7 +143,7 @@ static double optim_rate(const char *name) {
             mf_optim_zero(&c.o, c.st, st, &c.s);
             fill(c.p, n, 0.1f);
             fill(c.g, n, 0.01f);
-            rate = (double)n / best_of(run_optim, &c, 0.15) / 1e6;
+            rate = (double)n / best_of(run_optim, &c, 0.05) / 1e6;
         }
     }
     free(base); free(c.p); free(c.g);
@@ -182,23 +187,42 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
     for (int j = 1; j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
             if (r->gemm16_gflops[j][i] < r->gemm16_gflops[j - 1][i]) r->gemm16_gflops[j][i] = r->gemm16_gflops[j - 1][i];
-    /* attention: B 2, T 256, 4 heads of 64 */
+    /* attention at several sequence lengths and head sizes (its rate more
+     * than halves from T 1024 hs 64 to T 128 hs 32): B 2 and at least 4
+     * heads, at least two (batch, head) pairs per thread */
     {
-        attn_ctx x = {2, 256, 256, 4, NULL, NULL, NULL, NULL, NULL, NULL};
-        size_t n = (size_t)x.B * x.T * x.C;
-        size_t sf = mf_flash_attention_scratch_floats(x.T, x.C / x.NH, nthreads);
+        int NH = nthreads > 4 ? nthreads : 4, Tmax = attn_ts[MF_RATES_ATTN_T - 1];
+        int hsmax = attn_hss[MF_RATES_ATTN_HS - 1];
+        attn_ctx x = {2, 0, 0, NH, NULL, NULL, NULL, NULL, NULL, NULL};
+        size_t n = (size_t)x.B * Tmax * NH * hsmax;
+        size_t sf = 0;
+        for (int i = 0; i < MF_RATES_ATTN_HS; i++) {
+            size_t f = mf_flash_attention_scratch_floats(Tmax, attn_hss[i], nthreads);
+            if (f > sf) sf = f;
+        }
         x.out = malloc(n * 4); x.dout = malloc(n * 4); x.qkv = malloc(3 * n * 4); x.dqkv = malloc(3 * n * 4);
-        x.lse = malloc((size_t)x.B * x.NH * x.T * 4); x.scratch = malloc(sf * 4);
+        x.lse = malloc((size_t)x.B * NH * Tmax * 4); x.scratch = malloc(sf * 4);
         int ok = x.out && x.dout && x.qkv && x.dqkv && x.lse && x.scratch;
         if (ok) {
             fill(x.qkv, 3 * n, 1);
             fill(x.dout, n, 1);
-            double s = best_of(run_attn, &x, 0.2);
-            double hs = (double)x.C / x.NH, fwd = 2.0 * x.B * x.NH * (double)x.T * x.T * hs;
-            r->attn_gflops = 3.5 * fwd / s / 1e9;  /* forward 1 + backward 2.5 (see attn_flops) */
+            for (int t = 0; t < MF_RATES_ATTN_T; t++)
+                for (int h = 0; h < MF_RATES_ATTN_HS; h++) {
+                    r->attn_t[t] = x.T = attn_ts[t];
+                    r->attn_hs[h] = attn_hss[h];
+                    x.C = NH * attn_hss[h];
+                    double s = best_of(run_attn, &x, 0.03);
+                    double fwd = 2.0 * x.B * NH * (double)x.T * x.T * attn_hss[h];
+                    r->attn_gflops[t][h] = 3.5 * fwd / s / 1e9;  /* forward 1 + backward 2.5 (see attn_flops) */
+                }
         }
         free(x.out); free(x.dout); free(x.qkv); free(x.dqkv); free(x.lse); free(x.scratch);
         if (!ok) return mf_fail("calibration: out of memory");
+        /* a longer sequence never runs slower per FLOP (fewer diagonal
+         * tiles): a measurement that says so is noise */
+        for (int t = 1; t < MF_RATES_ATTN_T; t++)
+            for (int h = 0; h < MF_RATES_ATTN_HS; h++)
+                if (r->attn_gflops[t][h] < r->attn_gflops[t - 1][h]) r->attn_gflops[t][h] = r->attn_gflops[t - 1][h];
     }
     /* element-wise: LayerNorm forward and GELU forward + backward on a
      * block's rows (N 1024, C 768) */
@@ -265,7 +289,7 @@ static void cache_path(char *buf, size_t n, int nthreads) {
     for (char *p = host; *p; p++) if (*p == '/') *p = '_';
     /* the format version is in the name (binaries of other versions keep
      * their own file), and the GEMM backend and kernel ISA: each has its own rates */
-    snprintf(buf, n, "%s/rates-v5-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
+    snprintf(buf, n, "%s/rates-v7-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
              mf_kernels_isa_name(), nthreads);
 }
 
@@ -273,13 +297,17 @@ static int rates_load(mf_rates *r, const char *path, int nthreads) {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     memset(r, 0, sizeof *r);
-    int ok = fscanf(f, "memfit-rates 5 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
+    int ok = fscanf(f, "memfit-rates 7 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
     for (int j = 0; ok && j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; ok && i < MF_RATES_GEMM_SIZES; i++)
             ok = fscanf(f, "gemm %d %d %lf %lf\n", &r->gemm_m[j], &r->gemm_c[i], &r->gemm_gflops[j][i],
                         &r->gemm16_gflops[j][i]) == 4 && r->gemm_gflops[j][i] > 0 && r->gemm16_gflops[j][i] > 0;
-    ok = ok && fscanf(f, "attn %lf\nelem %lf\ndisk %lf\ncalib_s %lf\n", &r->attn_gflops, &r->elem_gbs, &r->disk_gbs,
-                      &r->calib_s) == 4 && r->attn_gflops > 0 && r->elem_gbs > 0;
+    for (int t = 0; ok && t < MF_RATES_ATTN_T; t++)
+        for (int h = 0; ok && h < MF_RATES_ATTN_HS; h++)
+            ok = fscanf(f, "attn %d %d %lf\n", &r->attn_t[t], &r->attn_hs[h], &r->attn_gflops[t][h]) == 3 &&
+                 r->attn_gflops[t][h] > 0;
+    ok = ok && fscanf(f, "elem %lf\ndisk %lf\ncalib_s %lf\n", &r->elem_gbs, &r->disk_gbs, &r->calib_s) == 3 &&
+         r->elem_gbs > 0;
     for (int k = 0; ok && k < 4; k++) ok = fscanf(f, "optim %lf\n", &r->optim_mps[k]) == 1 && r->optim_mps[k] > 0;
     fclose(f);
     return ok ? 0 : -1;
@@ -290,11 +318,14 @@ static void rates_save(const mf_rates *r, const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return;  /* no cache folder: calibrate next time too */
-    fprintf(f, "memfit-rates 5 threads %d\n", r->threads);
+    fprintf(f, "memfit-rates 7 threads %d\n", r->threads);
     for (int j = 0; j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
             fprintf(f, "gemm %d %d %.6g %.6g\n", r->gemm_m[j], r->gemm_c[i], r->gemm_gflops[j][i], r->gemm16_gflops[j][i]);
-    fprintf(f, "attn %.6g\nelem %.6g\ndisk %.6g\ncalib_s %.3f\n", r->attn_gflops, r->elem_gbs, r->disk_gbs, r->calib_s);
+    for (int t = 0; t < MF_RATES_ATTN_T; t++)
+        for (int h = 0; h < MF_RATES_ATTN_HS; h++)
+            fprintf(f, "attn %d %d %.6g\n", r->attn_t[t], r->attn_hs[h], r->attn_gflops[t][h]);
+    fprintf(f, "elem %.6g\ndisk %.6g\ncalib_s %.3f\n", r->elem_gbs, r->disk_gbs, r->calib_s);
     for (int k = 0; k < 4; k++) fprintf(f, "optim %.6g\n", r->optim_mps[k]);
     if (fclose(f) == 0) rename(tmp, path);
     else unlink(tmp);
@@ -330,18 +361,27 @@ static void locate(const int *v, int n, double x, int *i, double *f) {
     *f = log(x / v[k - 1]) / log((double)v[k] / v[k - 1]);
 }
 
-static double interp(const mf_rates *r, const double (*g)[MF_RATES_GEMM_SIZES], int C, int M) {
+/* bilinear (log scale) in a grid g[j][i] over rows v[j] and columns u[i] */
+static double interp(const int *v, int nv, const int *u, int nu, const double *g, double row, double col) {
     int i, j;
     double fc, fm;
-    locate(r->gemm_c, MF_RATES_GEMM_SIZES, C, &i, &fc);
-    locate(r->gemm_m, MF_RATES_GEMM_ROWS, M, &j, &fm);
-    double lo = g[j][i] + fc * (g[j][i + 1] - g[j][i]);
-    double hi = g[j + 1][i] + fc * (g[j + 1][i + 1] - g[j + 1][i]);
+    locate(u, nu, col, &i, &fc);
+    locate(v, nv, row, &j, &fm);
+    const double *g0 = g + (size_t)j * nu, *g1 = g0 + nu;
+    double lo = g0[i] + fc * (g0[i + 1] - g0[i]);
+    double hi = g1[i] + fc * (g1[i + 1] - g1[i]);
     return lo + fm * (hi - lo);
 }
 
-double mf_rates_gemm(const mf_rates *r, int C, int M) { return interp(r, r->gemm_gflops, C, M); }
-double mf_rates_gemm16(const mf_rates *r, int C, int M) { return interp(r, r->gemm16_gflops, C, M); }
+double mf_rates_gemm(const mf_rates *r, int C, int M) {
+    return interp(r->gemm_m, MF_RATES_GEMM_ROWS, r->gemm_c, MF_RATES_GEMM_SIZES, &r->gemm_gflops[0][0], M, C);
+}
+double mf_rates_gemm16(const mf_rates *r, int C, int M) {
+    return interp(r->gemm_m, MF_RATES_GEMM_ROWS, r->gemm_c, MF_RATES_GEMM_SIZES, &r->gemm16_gflops[0][0], M, C);
+}
+double mf_rates_attn(const mf_rates *r, int T, int hs) {
+    return interp(r->attn_t, MF_RATES_ATTN_T, r->attn_hs, MF_RATES_ATTN_HS, &r->attn_gflops[0][0], T, hs);
+}
 
 /* The work of one optimizer step of a planned model.
  * GEMM FLOPs: a block's matmuls are 2N(3C^2 + C^2 + 4C^2 + 4C^2) forward,
@@ -401,7 +441,7 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
     double disk = r->disk_gbs > 0 ? r->disk_gbs : r->elem_gbs;
     /* bf16 GEMMs at their own calibrated rate; fp16 widens to fp32 sgemm */
     double grate = m->cdt == MF_DTYPE_BF16 ? mf_rates_gemm16(r, d->C, m->B * m->T) : mf_rates_gemm(r, d->C, m->B * m->T);
-    c->pred_s = c->gemm_flops / (grate * 1e9) + c->attn_flops / (r->attn_gflops * 1e9) +
+    c->pred_s = c->gemm_flops / (grate * 1e9) + c->attn_flops / (mf_rates_attn(r, m->T, d->hd) * 1e9) +
                 c->elem_bytes / (r->elem_gbs * 1e9) + c->io_bytes / (disk * 1e9) +
                 nparams / (r->optim_mps[m->opt.kind] * 1e6);
     return c->pred_s;

@@ -68,8 +68,12 @@ int mf_trainer_hint(mf_trainer *t, size_t budget) {
         memset(&r, 0, sizeof r);
         for (int j = 0; j < MF_RATES_GEMM_ROWS; j++)
             for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
-                r.gemm_c[i] = 1 << (i + 7), r.gemm_m[j] = 1 << (2 * j + 6), r.gemm_gflops[j][i] = 1;
-        r.attn_gflops = r.elem_gbs = r.disk_gbs = 1;
+                r.gemm_c[i] = 1 << (i + 7), r.gemm_m[j] = 1 << (2 * j + 6), r.gemm_gflops[j][i] = 1,
+                r.gemm16_gflops[j][i] = 1;
+        for (int t = 0; t < MF_RATES_ATTN_T; t++)
+            for (int h = 0; h < MF_RATES_ATTN_HS; h++)
+                r.attn_t[t] = 128 << t, r.attn_hs[h] = 32 << h, r.attn_gflops[t][h] = 1;
+        r.elem_gbs = r.disk_gbs = 1;
         for (int k = 0; k < 4; k++) r.optim_mps[k] = 1;
     }
     mf_config c = t->cfg;
