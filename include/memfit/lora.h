@@ -89,6 +89,10 @@ void mf_lora_init_a_part(float *A, int64_t lo, int64_t n, int in, uint64_t seed)
 
 /* The dropout mask's seed for (base seed, micro-step counter, layer, target). */
 uint64_t mf_lora_dropout_seed(uint64_t seed, uint64_t micro_step, int layer, int target);
+/* The seed whose mask element i is element first + i of dseed's mask: a
+ * data-parallel rank whose rows start at global row R passes first = R x in,
+ * so every rank draws the single process's mask for its rows, not rank 0's. */
+uint64_t mf_lora_dropout_at(uint64_t dseed, uint64_t first);
 
 /* Kernels (fp32, row-major, no allocation). p = dropout probability; with
  * p > 0, xd (N,in) is scratch that receives dropout(x); with p == 0 it may

@@ -136,9 +136,13 @@ void mf_lora_init_a_part(float *A, int64_t lo, int64_t n, int in, uint64_t seed)
 void mf_lora_init_a(float *A, int r, int in, uint64_t seed) { mf_lora_init_a_part(A, 0, (int64_t)r * in, in, seed); }
 
 /* keep element i with probability 1-p; threshold on 24 random bits */
+#define DROP_STRIDE 0x632BE59BD9B4E019ull
 static inline int keep(uint64_t dseed, uint64_t i, uint32_t thr) {
-    return (uint32_t)(mix64(dseed + i * 0x632BE59BD9B4E019ull) >> 40) >= thr;
+    return (uint32_t)(mix64(dseed + i * DROP_STRIDE) >> 40) >= thr;
 }
+
+/* keep(dseed + first * DROP_STRIDE, i) == keep(dseed, first + i) (mod 2^64) */
+uint64_t mf_lora_dropout_at(uint64_t dseed, uint64_t first) { return dseed + first * DROP_STRIDE; }
 static uint32_t threshold(float p) { return (uint32_t)lrint((double)p * 16777216.0); }
 
 /* xd = dropout(x) (inverted: kept elements scaled by 1/(1-p)) */

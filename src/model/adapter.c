@@ -143,7 +143,9 @@ int mf_lora_save_adapter(const mf_model *m, const mf_arena *a, const char *dir, 
     char path[MF_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     const char *mk[] = {"format"}, *mv[] = {"pt"};
-    if (P == 1) rc = rc ? rc : mf_st_write(path, e, n, mk, mv, 1);
+    /* data parallel: every rank holds the same adapters; rank 0 writes */
+    if (P == 1 && rank) rc = 0;
+    else if (P == 1) rc = rc ? rc : mf_st_write(path, e, n, mk, mv, 1);
     else if (rank == 0) rc = write_gathered(m, a, path, e, owner, n, rc, mk, mv);
     else if (rank < P) rc = send_experts(e, owner, n, g);
     free(e);
@@ -159,6 +161,7 @@ int mf_lora_save_adapter(const mf_model *m, const mf_arena *a, const char *dir, 
         if (bad > 0) return mf_fail("%s: another rank failed writing the adapter", path);
         if (rank) return 0;
     }
+    if (rank) return 0;
     if (rc) return -1;
     /* adapter_config.json: the keys PEFT's LoraConfig reads */
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);

@@ -38,8 +38,15 @@ const float *mf_lora_x32(mf_model *m, mf_arena *a, const void *x, int N, int in)
 
 static float dropout_p(const mf_model *m) { return m->lora_drop ? m->lora.dropout : 0.0f; }
 
-static uint64_t dseed(const mf_model *m, int l, int k) {
-    return mf_lora_dropout_seed(m->lora_seed, m->lora_micro, l, k);
+/* Under data parallelism this rank's N rows are rows [rank N, (rank+1) N)
+ * of the global micro-batch (train.c reads its slice of the window), so its
+ * mask continues the single process's there: the adapters see the masks a
+ * one-process run of the global batch draws, and ranks do not repeat rank
+ * 0's. */
+static uint64_t dseed(const mf_model *m, int l, int k, int N, int in) {
+    uint64_t s = mf_lora_dropout_seed(m->lora_seed, m->lora_micro, l, k);
+    if (m->opt.rank <= 0) return s;
+    return mf_lora_dropout_at(s, (uint64_t)m->opt.rank * (uint64_t)N * (uint64_t)in);
 }
 
 void mf_lora_layer_forward(mf_model *m, mf_arena *a, int l, int k, const float *x, float *y, int N) {
@@ -55,7 +62,7 @@ void mf_lora_layer_forward_ld(mf_model *m, mf_arena *a, int l, int k, const floa
     mf_model_lora_dims(&m->d, k, &in, &out);
     mf_lora_forward_ld(y, ldy, mf_arena_get(a, m->lora_u), drop_scratch(m, a), x, mf_arena_get(a, m->tensors[i].p),
                     mf_arena_get(a, m->tensors[i + 1].p), N, in, out, m->lora.r, mf_lora_scale(&m->lora),
-                    dropout_p(m), dseed(m, l, k));
+                    dropout_p(m), dseed(m, l, k, N, in));
 }
 
 void mf_lora_layer_backward_params(mf_model *m, mf_arena *a, int l, int k, const float *dy, const float *x, int N) {
@@ -73,7 +80,7 @@ void mf_lora_layer_backward_params_ld(mf_model *m, mf_arena *a, int l, int k, co
     mf_lora_backward_params_ld(mf_arena_get(a, m->lora_du), mf_arena_get(a, m->tensors[i].g),
                                mf_arena_get(a, m->tensors[i + 1].g), mf_arena_get(a, m->lora_u), drop_scratch(m, a),
                                dy, ldy, x, mf_arena_get(a, m->tensors[i].p), mf_arena_get(a, m->tensors[i + 1].p), N, in, out,
-                            m->lora.r, mf_lora_scale(&m->lora), dropout_p(m), dseed(m, l, k));
+                            m->lora.r, mf_lora_scale(&m->lora), dropout_p(m), dseed(m, l, k, N, in));
 }
 
 void mf_lora_layer_backward_input(mf_model *m, mf_arena *a, int l, int k, float *dx, int N) {
@@ -82,7 +89,7 @@ void mf_lora_layer_backward_input(mf_model *m, mf_arena *a, int l, int k, float 
     int in, out;
     mf_model_lora_dims(&m->d, k, &in, &out);
     mf_lora_backward_input(dx, drop_scratch(m, a), mf_arena_get(a, m->lora_du), mf_arena_get(a, m->tensors[i].p), N,
-                           in, m->lora.r, dropout_p(m), dseed(m, l, k));
+                           in, m->lora.r, dropout_p(m), dseed(m, l, k, N, in));
 }
 
 void mf_lora_init_weights(mf_model *m, mf_arena *a, uint64_t seed) {

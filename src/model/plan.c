@@ -597,11 +597,12 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
     if (lora && lora->r == 0 && lora->base && mode == MF_MODE_INFER) m->lora.base = lora->base;
     if (lora && lora->r > 0) {
         m->lora = *lora;
-        /* combinations that iterate gradients LoRA's frozen base does not have */
-        /* (expert parallel runs zero 0 without the backward overlap: its
-         * optimizer-phase reduction skips the frozen base, zero.c) */
-        if (mode == MF_MODE_TRAIN && opt->world > 1 && !(d->ep > 1 && d->n_experts > 0))
-            return mf_fail("lora: data parallel (mpirun, zero %d) is not supported with LoRA yet; train in one process", opt->zero);
+        /* data parallel (and expert parallel) run zero 0 without the
+         * backward overlap: the optimizer-phase all-reduce skips the frozen
+         * base (zero.c); sharding the adapters' small state is not done */
+        if (mode == MF_MODE_TRAIN && opt->world > 1 && opt->zero != 0)
+            return mf_fail("lora with zero %d is not supported yet (the adapters' state is small: sharding it saves "
+                           "little); use zero 0", opt->zero);
         if (mode == MF_MODE_TRAIN && opt->world > 1 && lora->base)
             return mf_fail("lora with base_dtype %s and expert_parallel %d is not supported yet (a rank's slice of a "
                            "quantised expert stack is not the whole stack's quantisation); use --base_dtype fp32",
@@ -680,6 +681,9 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
      * replicas only, in the optimizer phase (zero.c), not in the overlap's
      * all-reduce over the world */
     if (mode == MF_MODE_TRAIN && d->ep > 1) m->overlap = 0;
+    /* LoRA: the adapters' gradients, a few MiB, are all-reduced in the
+     * optimizer phase (the overlap's per-block hooks walk the frozen base) */
+    if (mode == MF_MODE_TRAIN && m->lora.r > 0) m->overlap = 0;
     m->cdt = mode == MF_MODE_TRAIN ? m->opt.compute : MF_DTYPE_F32;  /* forward-only plans are fp32 */
     m->in16 = m->dout16 = m->dlogits16 = m->gemm_scratch = m->upd32 = -1;
     m->emb_rows = m->emb_index = m->emb_map = -1;

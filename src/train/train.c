@@ -380,6 +380,9 @@ int mf_trainer_init(mf_trainer *t, const mf_config *cfg, mf_mode mode) {
                        cfg->world_size, t->world);
     if (mf_zero_check(cfg, t->world) || mf_dist_set_group(cfg->zero_group)) return -1;
     if (mode == MF_MODE_TRAIN && (mf_dist_ep_check(cfg, t->world, 1) || mf_dist_ep_init(cfg->expert_parallel))) return -1;
+    if (mode == MF_MODE_TRAIN && t->world > 1 && cfg->lora[0] && (cfg->out_dir[0] || cfg->resume[0]))
+        return mf_fail("lora under mpirun: --%s is not supported yet; keep the adapter with --save_adapter (rank 0 "
+                       "writes it)", cfg->out_dir[0] ? "out_dir" : "resume");
     t->B = cfg->batch / t->world;
     t->T = cfg->seq ? cfg->seq : t->d.maxT;
     if (t->T > t->d.maxT) return mf_fail("seq %d exceeds the model's block_size %d", t->T, t->d.maxT);
