@@ -157,6 +157,26 @@ for z in 0 1 2 3; do
     echo "FAIL zero $z: mpirun failed"; tail -3 "$W/log"; fail=1
   fi
 done
+# LoRA data parallel (zero 0): the frozen base and the adapters on each rank
+if ! "${MPIRUN[@]}" -np 2 "$M" train --model gpt2-10m --tokenizer bytes --n_embd 384 --n_head 6 --batch 4 --seq 128 --steps 2 --threads 1 \
+    --lora "$LORA" --sample_tokens 0 --val_every 0 --val_batches 1 --metrics "$W/lora.jsonl" > "$W/log" 2>&1; then
+  echo "FAIL lora np=2: mpirun failed"; tail -3 "$W/log"; fail=1
+fi
+/usr/bin/python3 - "$W" <<'PY' || fail=1
+import json, sys
+w = sys.argv[1]
+ok = True
+for r, suffix in enumerate(("", ".rank1")):
+    m = json.loads(open(f"{w}/lora.jsonl{suffix}").read().splitlines()[-1])
+    mpi = m["comm_mpi_bytes"]
+    pred = m["rss_baseline_bytes"] + m["arena_bytes"] + mpi
+    rss = m["rss_peak_bytes"]
+    good = abs(rss - pred) <= max(0.03 * pred, 32 * 2**20) and m["ledger_peak_bytes"] == m["planned_peak_bytes"] and mpi > 0
+    ok &= good
+    print("%s L6-C384-bytes-B4-T128 np=2 lora rank %d: predicted %.1f MiB, peak RSS %.1f MiB (%+.2f%%)" % (
+        "ok  " if good else "FAIL", r, pred / 2**20, rss / 2**20, 100.0 * (rss - pred) / pred))
+sys.exit(0 if ok else 1)
+PY
 /usr/bin/python3 - "$W" <<'PY' || fail=1
 import json, sys
 w = sys.argv[1]
