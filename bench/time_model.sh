@@ -54,7 +54,7 @@ echo "each:    $M train ARGS --threads $THREADS --grad_accum 1 --budget 64GiB --
 grep '^rates' "$W/plan" | sed 's/^/calibration: /'
 # the cache file just written (the newest for this thread count)
 RATES=$(ls -t "$CACHE"/rates-v*-t"$THREADS"*.txt 2>/dev/null | head -1 || true)
-[ -n "$RATES" ] && echo "rates file: $(basename "$RATES"): $(grep -E '^(calls|calib_s)' "$RATES" | tr '\n' ' ')"
+[ -n "$RATES" ] && echo "rates file: $(basename "$RATES"): $(grep -E '^calib_s' "$RATES" | tr '\n' ' ')"
 for c in "${CONFIGS[@]}"; do
   name=${c%%|*}; rest=${c#*|}; steps=${rest%%|*}; args=${rest#*|}
   read -r -a a <<< "$args"

@@ -5,7 +5,8 @@
 # repeating rank 0's. gpt2-1m with adapters on every projection, dropout
 # 0.1: mpirun -np 2 and -np 4 against one process with the same global
 # batch, losses and gradient norms within 1e-6 relative over 6 AdamW steps
-# (measured 2.1e-9 loss, 2.1e-8 norm); with bf16 compute (fp32 adapters)
+# (measured 2.1e-9 loss, 2.1e-8 norm), also over an NF4 base (QLoRA); with
+# bf16 compute (fp32 adapters)
 # within 5e-5 and 1e-3 (measured 5.3e-6 and 8.0e-5: each rank's bf16 GEMMs
 # see half the rows, so they sum and round in another order). Ledger == plan
 # on every rank. Ranks that repeat rank 0's masks (the keying before this
@@ -81,6 +82,10 @@ compare one dp4 4 1e-6 1e-6 same
 run 1 one16 --lora $LORA --precision bf16
 run 2 dp2-16 --lora $LORA --precision bf16
 compare one16 dp2-16 2 5e-5 1e-3 same
+# QLoRA: an NF4 base, the same frozen bytes on every rank
+run 1 one-nf4 --lora $LORA --base_dtype nf4
+run 2 dp2-nf4 --lora $LORA --base_dtype nf4
+compare one-nf4 dp2-nf4 2 1e-6 1e-6 same
 # control: without dropout the run is another run
 run 1 nodrop --lora ${LORA/dropout=0.1/dropout=0}
 compare one nodrop 1 1e-4 0 differ

@@ -479,7 +479,8 @@ static int cmd_train(int argc, char **argv, int profile) {
     if (!rc && !stopped && cfg.save_adapter[0]) {
         int bad = mf_lora_save_adapter(&t.model, &t.arena, cfg.save_adapter, cfg.init[0] ? cfg.init : cfg.model);
         if (bad) rc = die(mf_error());
-        else printf("wrote %s/adapter_model.safetensors and %s/adapter_config.json\n", cfg.save_adapter, cfg.save_adapter);
+        else if (mf_dist_rank() == 0)  /* under mpirun rank 0 writes the one folder */
+            printf("wrote %s/adapter_model.safetensors and %s/adapter_config.json\n", cfg.save_adapter, cfg.save_adapter);
     }
     if (!rc && !stopped && cfg.sample_tokens > 0 && t.tok) {
         double r0 = mf_time_now();

@@ -58,6 +58,7 @@ int64_t mf_zero_ring_numel(const mf_model *m) {
     int W = mf_zero_shards(&m->opt);
     int64_t most = 1, cap = MF_DIST_BUCKET / W > 0 ? MF_DIST_BUCKET / W : 1;
     for (int i = 0; i < m->n_tensors; i++) {
+        if (m->tensors[i].frozen) continue;  /* LoRA's base: never reduced, never sharded (zero 0) */
         int64_t s = (m->tensors[i].numel + W - 1) / W;
         if (s > most) most = s;
     }

@@ -603,7 +603,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         if (mode == MF_MODE_TRAIN && opt->world > 1 && opt->zero != 0)
             return mf_fail("lora with zero %d is not supported yet (the adapters' state is small: sharding it saves "
                            "little); use zero 0", opt->zero);
-        if (mode == MF_MODE_TRAIN && opt->world > 1 && lora->base)
+        if (mode == MF_MODE_TRAIN && opt->world > 1 && d->ep > 1 && d->n_experts > 0 && lora->base)
             return mf_fail("lora with base_dtype %s and expert_parallel %d is not supported yet (a rank's slice of a "
                            "quantised expert stack is not the whole stack's quantisation); use --base_dtype fp32",
                            mf_quant_name((mf_quant_kind)lora->base), d->ep);
