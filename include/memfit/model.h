@@ -261,7 +261,9 @@ typedef struct {
                            * the activations GEMMs read (ln1, ln2, fch_gelu, ln_f); docs/precision.md */
     int in16;             /* 16-bit: (N,C) attention output rounded for c_proj, else -1 */
     int dout16;           /* 16-bit: (N,4C) a GEMM's output gradient rounded for its backward, else -1 */
-    int dlogits16;        /* 16-bit: (chunk_rows,Vp) rounded d(loss)/d(logits), else -1 */
+    int dlogits16;        /* 16-bit: (head_dw_rows,Vp) rounded d(loss)/d(logits), else -1 */
+    int head_dw_rows;     /* 16-bit training: rows of d(logits) one head weight-gradient GEMM sums
+                           * (mf_model_head_dw_rows; chunk_rows for a frozen head) */
     /* update_in_backward with the embedding tied to the head (docs/memory.md):
      * the head's gradient (V x C) lives only in the head's phase; there the
      * rows no input token touches are updated, and the touched rows move
@@ -421,6 +423,14 @@ void mf_model_sync_params(const mf_model *m, const mf_arena *a, int first, int n
  * will run once on zeroed heap operands (freed again), so the GEMM
  * library's code and caches exist before the baseline RSS is read (as
  * mf_blas_warmup does for OpenBLAS). No-op for F32. */
+/* 16-bit training: the rows of rounded d(logits) the head's weight
+ * gradient sums in one GEMM, a whole number of loss chunks of R rows (or
+ * all N): at least MF_HEAD_DW_ROWS. Each such GEMM reads and writes the
+ * whole fp32 V x C gradient, so on R = 256 rows it is memory-bound:
+ * gpt2-124m's 4 x 256 rows took 168-170 ms, 2 x 512 140-142 ms, 1 x 1024
+ * 130-135 ms (docs/performance.md). */
+enum { MF_HEAD_DW_ROWS = 512 };
+int mf_model_head_dw_rows(int N, int R);
 int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss_chunk, int train, int grad16);
 /* Pointers to tensor t's optimizer state rows (NULL where unused). */
 void mf_model_state_ptrs(const mf_model *m, const mf_arena *a, const mf_tensor *t, void *ptr[MF_OPTIM_STATES]);

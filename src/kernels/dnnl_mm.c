@@ -138,16 +138,25 @@ out:
  * sizes), each a matmul on strided views of the operands (no copies); the
  * K-blocks after the first accumulate (beta 1) and the bias goes with the
  * first. A bf16 result is not K-blocked (each block would round it again).
- * MEMFIT_MM_NT / MEMFIT_MM_KT override the sizes (benches). */
-static int g_nt = 1024, g_kt = 1024;
+ * bf16 operands with a transposed B (the output head's x E^T; the input
+ * gradients' dY W^T have N <= 1024 anyway) are not column-blocked either: on
+ * a strided column block oneDNN picks its gemm-based matmul instead of
+ * brgemm, 583 against 696 GFLOP/s for gpt2-124m's head (256 x 50304 x 768,
+ * docs/performance.md), while for the plain and transposed-A bf16 forms the
+ * blocks are as fast or faster (the weight gradients 702-741 against
+ * 638-653 GFLOP/s).
+ * MEMFIT_MM_NT / MEMFIT_MM_KT override the sizes (benches; NT then applies
+ * to every product). */
+static int g_nt = 1024, g_kt = 1024, g_nt_env;
 static pthread_once_t g_tiles = PTHREAD_ONCE_INIT;
 static void tiles_init(void) {
     const char *e;
-    if ((e = getenv("MEMFIT_MM_NT")) && atoi(e) > 0) g_nt = atoi(e);
+    if ((e = getenv("MEMFIT_MM_NT")) && atoi(e) > 0) g_nt = atoi(e), g_nt_env = 1;
     if ((e = getenv("MEMFIT_MM_KT")) && atoi(e) > 0) g_kt = atoi(e);
 }
 static int nblocks(int n, int t) { return (n + t - 1) / t; }
 static int ktile(const mf_mm *s) { return s->c == dnnl_bf16 ? s->K : g_kt; }
+static int ntile(const mf_mm *s) { return s->ab == dnnl_bf16 && s->tb && !g_nt_env ? s->N : g_nt; }
 /* block i's length when n is cut into nblocks(n, t) near-equal blocks */
 static int block_len(int n, int t, int i) {
     int nb = nblocks(n, t), b = (n + nb - 1) / nb;
@@ -163,13 +172,13 @@ static mf_mm tile_of(const mf_mm *s, int nb, int kb, int k) {
 size_t mf_mm_scratch(const mf_mm *s) {
     pthread_once(&g_tiles, tiles_init);
     if (s->M <= 0 || s->N <= 0 || s->K <= 0) return scratch_one(s);
-    const int kt = ktile(s), nn = nblocks(s->N, g_nt), nk = nblocks(s->K, kt);
+    const int kt = ktile(s), nt = ntile(s), nn = nblocks(s->N, nt), nk = nblocks(s->K, kt);
     size_t mx = 0;
     /* blocks differ only in the first and last lengths, and k > 0 */
     for (int j = 0; j < (nn > 1 ? 2 : 1); j++)
         for (int k = 0; k < (nk > 1 ? 2 : 1); k++)
             for (int first = 0; first < (nk > 2 && k ? 2 : 1); first++) {
-                mf_mm t = tile_of(s, block_len(s->N, g_nt, j ? nn - 1 : 0),
+                mf_mm t = tile_of(s, block_len(s->N, nt, j ? nn - 1 : 0),
                                   block_len(s->K, kt, k ? (first ? 1 : nk - 1) : 0), k);
                 size_t n = scratch_one(&t);
                 if (n == SIZE_MAX) return SIZE_MAX;
@@ -183,10 +192,10 @@ int mf_mm_run(const mf_mm *s, const void *A, const void *B, const float *bias, v
     pthread_once(&g_tiles, tiles_init);
     if (s->M <= 0 || s->N <= 0 || s->K <= 0) return run_one(s, A, B, bias, C, scratch, scratch_bytes);
     const size_t ea = s->ab == dnnl_bf16 ? 2 : 4, ec = s->c == dnnl_bf16 ? 2 : 4;
-    const int kt = ktile(s), nn = nblocks(s->N, g_nt), nk = nblocks(s->K, kt);
-    for (int j = 0, n0 = 0; j < nn; n0 += block_len(s->N, g_nt, j), j++)
+    const int kt = ktile(s), nt = ntile(s), nn = nblocks(s->N, nt), nk = nblocks(s->K, kt);
+    for (int j = 0, n0 = 0; j < nn; n0 += block_len(s->N, nt, j), j++)
         for (int k = 0, k0 = 0; k < nk; k0 += block_len(s->K, kt, k), k++) {
-            mf_mm t = tile_of(s, block_len(s->N, g_nt, j), block_len(s->K, kt, k), k);
+            mf_mm t = tile_of(s, block_len(s->N, nt, j), block_len(s->K, kt, k), k);
             /* op(A)[:, k0..] and op(B)[k0.., n0..] of the row-major operands */
             const char *a = (const char *)A + ea * (s->ta ? (size_t)k0 * s->lda : (size_t)k0);
             const char *b = (const char *)B + ea * (s->tb ? (size_t)n0 * s->ldb + k0 : (size_t)k0 * s->ldb + n0);

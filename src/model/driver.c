@@ -344,20 +344,28 @@ static double head_loss(mf_model *m, mf_arena *a, int B, int T, int HW, int use_
     /* distillation: a training forward's loss takes the teacher's chunk too (teacher.c; fp32 compute) */
     int kd = m->teacher && dscale != 0.0f;
     if (kd && h16) mf_panic("distillation with 16-bit compute was not refused by the plan");
+    /* 16-bit: d(logits) of head_dw_rows rows (whole chunks) are kept for
+     * one weight-gradient GEMM over all of them (model.h MF_HEAD_DW_ROWS) */
+    const int D = m->head_dw_rows;
     for (int r0 = 0; r0 < N; r0 += R) {
         int rows = N - r0 < R ? N - r0 : R;
         if (h16) {
             /* logits and the loss in fp32; the rounded d(logits) feeds both GEMMs */
             const uint16_t *x = lnf16 + (size_t)r0 * C;
+            const int g0 = r0 / D * D;  /* the first row of this chunk's dW group */
+            uint16_t *dlc = dl16 ? (uint16_t *)dl16 + (size_t)(r0 - g0) * Vp : NULL;
             mf_classifier16_forward(dt, logits, x, wte, rows, C, Vp, gs, gb);
-            if (dt == MF_DTYPE_BF16 && dln) {
+            if (dt == MF_DTYPE_BF16 && dln)
                 /* bf16: the loss kernel writes the rounded gradient itself */
-                sum += mf_crossentropy_forward_bf16(logits, dl16, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
-                mf_classifier16_backward(dt, dln + (size_t)r0 * C, dwte, m->tensors[HW].g16, NULL, dl16, x, wte, rows, C, Vp, gs, gb);
-                continue;
-            }
-            sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
-            if (dln) mf_classifier16_backward(dt, dln + (size_t)r0 * C, dwte, m->tensors[HW].g16, logits, dl16, x, wte, rows, C, Vp, gs, gb);
+                sum += mf_crossentropy_forward_bf16(logits, dlc, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
+            else
+                sum += mf_crossentropy_forward(logits, losses + r0, tgt + r0, rows, m->d.V, Vp, dscale);
+            if (!dln) continue;
+            mf_classifier16_backward(dt, dln + (size_t)r0 * C, NULL, 0, dt == MF_DTYPE_BF16 ? NULL : logits, dlc, x, wte,
+                                     rows, C, Vp, gs, gb);
+            if (r0 + rows == N || r0 + rows - g0 == D)
+                mf_gemm16_dw(dt, dwte, m->tensors[HW].g16, dl16, lnf16 + (size_t)g0 * C, Vp, C, r0 + rows - g0, 1, 0,
+                             gs, gb);
             continue;
         }
         const float *x = lnf + (size_t)r0 * C;

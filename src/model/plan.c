@@ -272,7 +272,13 @@ static void slot_life(const mf_model *m, int s, int in, int fwd[2], int bwd[2]) 
  * chunked head (sampling's head on 1 and on min(N, R) rows). fn gets
  * (M, N, K, tA, tB, accumulate, bias) and returns nonzero to stop. */
 typedef int (*gemm_shape_fn)(void *ctx, int M, int N, int K, int tA, int tB, int acc, int bias);
-static int gemm_shapes(const mf_dims *d, int N, int R, int train, gemm_shape_fn fn, void *ctx) {
+int mf_model_head_dw_rows(int N, int R) {
+    if (R >= N) return N;
+    int64_t D = R >= MF_HEAD_DW_ROWS ? R : ((int64_t)MF_HEAD_DW_ROWS + R - 1) / R * R;
+    return D < N ? (int)D : N;
+}
+/* D: the rows of one head weight-gradient GEMM (head_dw_rows) */
+static int gemm_shapes(const mf_dims *d, int N, int R, int D, int train, gemm_shape_fn fn, void *ctx) {
     int C = d->C, Vp = d->Vp;
     const mf_block_desc *bd = mf_model_block_desc(d);
     /* the block's projections in the order it runs them (blocks.c): a
@@ -321,11 +327,10 @@ static int gemm_shapes(const mf_dims *d, int N, int R, int train, gemm_shape_fn 
     for (int k = 0; k < 3; k++)
         if (fn(ctx, rows[k], Vp, C, 0, 1, 0, 0)) return -1;
     if (!train) return 0;
-    int rl[2] = {R, N % R};  /* the last chunk may be shorter */
+    int rl[2] = {R, N % R}, dl[2] = {D, N % D};  /* the last chunk and dW group may be shorter */
     for (int k = 0; k < 2; k++) {
-        if (!rl[k]) continue;
-        if (fn(ctx, rl[k], Vp, C, 0, 1, 0, 0) || fn(ctx, rl[k], C, Vp, 0, 0, 0, 0) || fn(ctx, Vp, C, rl[k], 1, 0, 1, 0))
-            return -1;
+        if (rl[k] && (fn(ctx, rl[k], Vp, C, 0, 1, 0, 0) || fn(ctx, rl[k], C, Vp, 0, 0, 0, 0))) return -1;
+        if (dl[k] && fn(ctx, Vp, C, dl[k], 1, 0, 1, 0)) return -1;
     }
     return 0;
 }
@@ -359,7 +364,7 @@ static int scratch_max(void *ctx, int M, int N, int K, int tA, int tB, int acc, 
  * if the library cannot run one. */
 size_t mf_model_gemm_scratch_need(const mf_model *m, int N) {
     scratch_ctx c = {m->cdt, 0, m->mode == MF_MODE_TRAIN && m->opt.grad16};
-    gemm_shapes(&m->d, N, m->chunk_rows, m->mode == MF_MODE_TRAIN, scratch_max, &c);
+    gemm_shapes(&m->d, N, m->chunk_rows, m->head_dw_rows, m->mode == MF_MODE_TRAIN, scratch_max, &c);
     return c.mx;
 }
 
@@ -399,7 +404,7 @@ int mf_model_gemm16_warmup(const mf_dims *d, mf_dtype dt, int B, int T, int loss
     int64_t N = (int64_t)B * T, R = loss_chunk > 0 && loss_chunk < N ? loss_chunk : N;
     if (R < B) R = B;
     scratch_ctx w = {dt, 0, train && grad16};
-    return gemm_shapes(d, (int)N, (int)R, train, warm_one, &w);
+    return gemm_shapes(d, (int)N, (int)R, mf_model_head_dw_rows((int)N, (int)R), train, warm_one, &w);
 }
 
 /* Scratch bytes of the largest quantised-base GEMM on N rows: the block's
@@ -731,6 +736,7 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
      * sampling forward can hold each sequence's last position */
     int64_t R = loss_chunk > 0 && loss_chunk < B * T ? loss_chunk : (int64_t)B * T;
     m->chunk_rows = (int)(R < B ? B : R);
+    m->head_dw_rows = m->chunk_rows;  /* 16-bit training with a trainable head: more (below) */
     m->n_phases = mf_model_n_phases(d, mode);
     if (plan->n_phases != m->n_phases) return mf_fail("plan has %d phases, model needs %d", plan->n_phases, m->n_phases);
     int L = d->L;
@@ -1125,7 +1131,10 @@ int mf_model_plan_lora(mf_model *m, mf_plan *plan, const mf_dims *d, int B, int 
         if (train) {
             m->dout16 = add(&ad, "work.gemm_dout16", MF_CAT_WORK, m->cdt, 2, N, dw16, 0, 0,
                             mf_phase_layer_bwd(m, L - 1), g1, -1);
-            m->dlogits16 = add(&ad, "work.dlogits16", MF_CAT_WORK, m->cdt, 2, m->chunk_rows, d->Vp, 0, 0, hf, hf, -1);
+            /* a trainable head's weight gradient sums head_dw_rows rows at a time */
+            int HW = m->t_head >= 0 ? m->t_head : m->t_emb;
+            if (!m->tensors[HW].frozen) m->head_dw_rows = mf_model_head_dw_rows((int)N, m->chunk_rows);
+            m->dlogits16 = add(&ad, "work.dlogits16", MF_CAT_WORK, m->cdt, 2, m->head_dw_rows, d->Vp, 0, 0, hf, hf, -1);
         }
         if (train && (!m->opt.master || m->opt.grad16)) {
             /* master_weights 0: each 16-bit tensor is widened here a slice
