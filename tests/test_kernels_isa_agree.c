@@ -108,6 +108,19 @@ static void cross(const mf_kernel_isa *k0, const mf_kernel_isa *k1) {
     k0->bias_backward(s0, big, N, OC);
     k1->bias_backward(s1, big, N, OC);
     CHECK(same_bits(s0, s1, OC), "bias_backward %s vs %s", a, b);
+    {   /* the fused rounding + column sums: bias_backward's bits and to_bf16's */
+        float *f0 = calloc((size_t)OC, sizeof(float)), *f1 = calloc((size_t)OC, sizeof(float));
+        uint16_t *h0 = malloc((size_t)N * OC * 2), *h1 = malloc((size_t)N * OC * 2), *hr = malloc((size_t)N * OC * 2);
+        k0->to_bf16_colsum(h0, f0, big, N, OC);
+        k1->to_bf16_colsum(h1, f1, big, N, OC);
+        float *z = calloc((size_t)OC, sizeof(float));
+        k0->bias_backward(z, big, N, OC);
+        k0->to_bf16(hr, big, (size_t)N * OC);
+        CHECK(same_bits(f0, z, OC) && same_bits(f1, z, OC), "to_bf16_colsum's sums %s vs %s vs bias_backward", a, b);
+        CHECK(!memcmp(h0, hr, (size_t)N * OC * 2) && !memcmp(h1, hr, (size_t)N * OC * 2),
+              "to_bf16_colsum's values %s vs %s vs to_bf16", a, b);
+        free(f0); free(f1); free(z); free(h0); free(h1); free(hr);
+    }
     k0->gelu_forward(q0, big, (size_t)N * OC);
     k1->gelu_forward(q1, big, (size_t)N * OC);
     CHECK(same_bits(q0, q1, (size_t)N * OC), "gelu_forward %s vs %s: max rel %.3g", a, b,

@@ -62,6 +62,9 @@ typedef struct {
     /* bf16 outputs (nearest-even) of the fp32 formulas: a conversion, the
      * layernorm forward (statistics as layernorm_stats) and GELU */
     void (*to_bf16)(uint16_t *out, const float *in, size_t n);
+    /* out (N,OC) = dout rounded to bf16, and dbias += dout's column sums
+     * (bias_backward's sums, bit for bit) */
+    void (*to_bf16_colsum)(uint16_t *out, float *dbias, const float *dout, int N, int OC);
     void (*layernorm_forward_bf16)(uint16_t *out, float *mean, float *rstd, const float *inp, const float *w,
                                    const float *b, int N, int C);
     void (*gelu_forward_bf16)(uint16_t *out, const float *inp, size_t n);

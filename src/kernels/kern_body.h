@@ -416,6 +416,31 @@ static void MF_ISA(to_bf16)(uint16_t *out, const float *in, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = mf_f32_to_bf16(in[i]);
 }
 
+/* out = dout rounded to bf16 and dbias += dout's column sums, in one pass
+ * over dout (a bf16 GEMM's backward with a bias: the conversion and the
+ * bias gradient each read all of dout before). The sums run as
+ * bias_backward's, per 64-column block with the rows in order, so dbias
+ * gets the same bits. */
+static void MF_ISA(to_bf16_colsum)(uint16_t *out, float *dbias, const float *dout, int N, int OC) {
+    const int nblk = (OC + MF_COLBLK - 1) / MF_COLBLK;
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= MF_PAR_MIN)
+    for (int blk = 0; blk < nblk; blk++) {
+        const int c0 = blk * MF_COLBLK;
+        const int w0 = OC - c0 < MF_COLBLK ? OC - c0 : MF_COLBLK;
+        float acc[MF_COLBLK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * OC + c0;
+            uint16_t *o = out + (size_t)n * OC + c0;
+#pragma omp simd
+            for (int c = 0; c < w0; c++) {
+                acc[c] += d[c];
+                o[c] = mf_f32_to_bf16(d[c]);
+            }
+        }
+        for (int c = 0; c < w0; c++) dbias[c0 + c] += acc[c];
+    }
+}
+
 static void MF_ISA(layernorm_forward_bf16)(uint16_t *out, float *mean, float *rstd, const float *inp,
                                            const float *w, const float *b, int N, int C) {
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= MF_PAR_MIN)
@@ -584,6 +609,7 @@ const mf_kernel_isa MF_ISA(mf_kernels) = {
     .scale = MF_ISA(scale),
     .adamw = MF_ISA(adamw),
     .to_bf16 = MF_ISA(to_bf16),
+    .to_bf16_colsum = MF_ISA(to_bf16_colsum),
     .layernorm_forward_bf16 = MF_ISA(layernorm_forward_bf16),
     .gelu_forward_bf16 = MF_ISA(gelu_forward_bf16),
     .rmsnorm_forward = MF_ISA(rmsnorm_forward),

@@ -208,11 +208,15 @@ void mf_gemm16_dw(mf_dtype dt, void *dW, int dw16, const void *A, const void *B,
 void mf_matmul16_backward(mf_dtype dt, float *dinp, void *dw, int dw16, float *dbias, const float *dout, void *dout16,
                           const void *inp, const void *w, int N, int C, int OC, void *scratch, size_t scratch_bytes) {
     if (N <= 0 || C <= 0 || OC <= 0) return;
-    mf_half_from_f32(dt, dout16, dout, (size_t)N * OC);
+    /* bf16 with a bias: the rounding and the bias gradient (column sums of
+     * the fp32 gradient) in one pass over dout */
+    const int fused = dbias && dt == MF_DTYPE_BF16;
+    if (fused) mf_kernels_isa_get()->to_bf16_colsum(dout16, dbias, dout, N, OC);
+    else mf_half_from_f32(dt, dout16, dout, (size_t)N * OC);
     /* dw (C,OC) += inp^T @ dout first: inp may live in dinp's buffer */
     mf_gemm16_dw(dt, dw, dw16, inp, dout16, C, OC, N, 1, 0, scratch, scratch_bytes);
     if (dinp) mf_gemm16(dt, dinp, dout16, w, NULL, N, C, OC, 0, 1, 0, scratch, scratch_bytes);
-    if (dbias) mf_kernels_isa_get()->bias_backward(dbias, dout, N, OC);  /* column sums of the fp32 gradient */
+    if (dbias && !fused) mf_kernels_isa_get()->bias_backward(dbias, dout, N, OC);
 }
 
 void mf_classifier16_forward(mf_dtype dt, float *logits, const void *x, const void *wte, int N, int C, int Vp,
