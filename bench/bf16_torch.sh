@@ -51,7 +51,7 @@ PT_CMD=(/usr/bin/python3 bench/torch_gpt2.py --model "$MODEL" --batch "$B" --seq
 ALL_CMD=("$M" train --model "$MODEL" --batch "$B" --seq "$T" --steps "$RSS_STEPS" --threads "$THREADS" --data "$TOK"
          --precision bf16 --master_weights 0 --recompute full --optimizer adamw8bit --update_in_backward 1 --grad_clip 0
          --sample_tokens 0 --val_every 0 --val_batches 1 --progress 0)
-SYSTEMS="memfit-fp32 memfit-bf16 torch-autocast$([ "$TORCH_FP32" = 1 ] && echo ' torch-fp32')"
+SYSTEMS="memfit-fp32 memfit-bf16 torch-autocast$([ "$TORCH_FP32" = 1 ] && echo ' torch-fp32' || true)"
 
 echo "command: ROUNDS=$ROUNDS STEPS=$STEPS WARM=$WARM THREADS=$THREADS TORCH_FP32=$TORCH_FP32 RSS_STEPS=$RSS_STEPS bench/bf16_torch.sh $MODEL $B $T"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, avx512_bf16: $(grep -qw avx512_bf16 /proc/cpuinfo && echo yes || echo no), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
