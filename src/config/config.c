@@ -106,7 +106,7 @@ static const key_row keys[] = {
     {"health_levels", T_STR, S(health_levels), "0.90,0.92,0.95,0.97", 0, 0, "memory health levels target,warning,critical,emergency as fractions of --budget (log, metrics, report)"},
     {"threads", T_INT, F(threads), 0, "0", 0, 4096, "threads (0 = all cores)"},
     {"blas_coretype", T_STR, S(blas_coretype), "auto", 0, 0, "OpenBLAS kernels: auto (fastest for this CPU), env (keep OPENBLAS_CORETYPE), or a core name"},
-    {"omp_wait", T_STR, S(omp_wait), "auto", 0, 0, "how idle OpenMP threads wait: auto (passive when the load average is at or above the core count at start, else the OpenMP default), active (spin), passive (sleep), env (keep OMP_WAIT_POLICY)"},
+    {"omp_wait", T_STR, S(omp_wait), "auto", 0, 0, "how idle OpenMP threads wait: auto (passive when the load average and the other runnable tasks are both at or above the core count at start, else the OpenMP default), active (spin), passive (sleep), env (keep OMP_WAIT_POLICY)"},
     {"recompute", T_STR, S(recompute), "none", 0, 0, "activation checkpointing: none (keep all), selective (rebuild LayerNorm/GELU outputs in backward), full (keep each block's input, recompute the block in backward), every:N (keep every N-th block's input, recompute segments of N), sqrt (segments of ceil(sqrt(n_layer))), auto (recompute the fewest blocks that fit --budget)"},
     {"loss_chunk", T_INT, F(loss_chunk), 0, "256", 0, 1 << 30, "rows of logits the loss computes at a time; B*T*vocab logits never exist (0 = all rows at once)"},
     {"zero", T_INT, F(zero), 0, "0", 0, 3, "data parallel under mpirun: 0 = gradients all-reduced, 1 = optimizer state sharded over the ranks, 2 = gradients sharded too, 3 = parameters sharded too (each layer's gathered for its phases)"},
