@@ -130,6 +130,21 @@ static void cross(const mf_kernel_isa *k0, const mf_kernel_isa *k1) {
     k1->gelu_backward(q1, big, dg, (size_t)N * OC);
     CHECK(same_bits(q0, q1, (size_t)N * OC), "gelu_backward %s vs %s: max rel %.3g", a, b,
           maxrel(q0, q1, (size_t)N * OC, 1e-6));
+    {   /* GELU's backward fused with the rounding and the column sums: the
+         * values and sums of gelu_backward then to_bf16_colsum, bit for bit */
+        uint16_t *g0 = malloc((size_t)N * OC * 2), *g1 = malloc((size_t)N * OC * 2), *gr = malloc((size_t)N * OC * 2);
+        float *c0 = calloc((size_t)OC, sizeof(float)), *c1 = calloc((size_t)OC, sizeof(float)),
+              *cr = calloc((size_t)OC, sizeof(float));
+        k0->gelu_backward_bf16_colsum(g0, c0, big, dg, N, OC);
+        k1->gelu_backward_bf16_colsum(g1, c1, big, dg, N, OC);
+        k0->to_bf16_colsum(gr, cr, q0, N, OC);
+        CHECK(!memcmp(g0, gr, (size_t)N * OC * 2) && !memcmp(g1, gr, (size_t)N * OC * 2),
+              "gelu_backward_bf16_colsum's values %s vs %s vs gelu_backward + to_bf16", a, b);
+        CHECK(same_bits(c0, cr, OC) && same_bits(c1, cr, OC), "gelu_backward_bf16_colsum's sums %s vs %s", a, b);
+        k0->gelu_backward_bf16_colsum(g0, NULL, big, dg, N, OC);  /* no bias: values only */
+        CHECK(!memcmp(g0, gr, (size_t)N * OC * 2), "gelu_backward_bf16_colsum without a bias %s", a);
+        free(g0); free(g1); free(gr); free(c0); free(c1); free(cr);
+    }
     memcpy(b0, big, (size_t)N * OC * sizeof(float));
     memcpy(b1, big, (size_t)N * OC * sizeof(float));
     k0->bias_gelu_forward(q0, b0, bias, N, OC);

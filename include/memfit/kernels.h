@@ -248,11 +248,17 @@ void mf_gemm16(mf_dtype dt, float *C, const void *A, const void *B, const float 
                int tA, int tB, int accumulate, void *scratch, size_t scratch_bytes);
 size_t mf_gemm16_scratch_bytes(mf_dtype dt, int M, int N, int K, int tA, int tB, int accumulate, int bias);
 /* As mf_matmul_forward / _backward with 16-bit inp and w. Backward rounds
- * dout into dout16 (N*OC 16-bit) for the two GEMMs; dbias sums the fp32 dout. */
+ * dout into dout16 (N*OC 16-bit) for the two GEMMs; dbias sums the fp32 dout.
+ * dout NULL: dout16 holds the rounded gradient already and dbias is done
+ * (mf_gelu_backward_bf16_colsum). */
 void mf_matmul16_forward(mf_dtype dt, float *out, const void *inp, const void *w, const float *bias, int N, int C,
                          int OC, int accumulate, void *scratch, size_t scratch_bytes);
 void mf_matmul16_backward(mf_dtype dt, float *dinp, void *dw, int dw16, float *dbias, const float *dout, void *dout16,
                           const void *inp, const void *w, int N, int C, int OC, void *scratch, size_t scratch_bytes);
+/* GELU's backward feeding a bf16 matmul's backward: dout16 (N,OC) =
+ * bf16(gelu'(pre) dh), dbias (or NULL) += the column sums of the fp32
+ * values; one pass, no fp32 d(pre) stored */
+void mf_gelu_backward_bf16_colsum(uint16_t *dout16, float *dbias, const float *pre, const float *dh, int N, int OC);
 /* A weight gradient's GEMM: dW (M,N) += op(A) op(B), fp32 accumulation;
  * dW fp32, or with dw16 (dt bf16 only: grad_dtype bf16) a bf16 row, the
  * product added to its widened values and rounded to nearest-even once.

@@ -65,6 +65,9 @@ typedef struct {
     /* out (N,OC) = dout rounded to bf16, and dbias += dout's column sums
      * (bias_backward's sums, bit for bit) */
     void (*to_bf16_colsum)(uint16_t *out, float *dbias, const float *dout, int N, int OC);
+    /* out16 = bf16(gelu'(inp) dout), dbias (or NULL) += its column sums */
+    void (*gelu_backward_bf16_colsum)(uint16_t *out16, float *dbias, const float *inp, const float *dout, int N,
+                                      int OC);
     void (*layernorm_forward_bf16)(uint16_t *out, float *mean, float *rstd, const float *inp, const float *w,
                                    const float *b, int N, int C);
     void (*gelu_forward_bf16)(uint16_t *out, const float *inp, size_t n);

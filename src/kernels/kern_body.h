@@ -265,14 +265,40 @@ static void MF_ISA(bias_gelu_forward)(float *out, float *pre, const float *bias,
  * sech^2 is written 1 - t^2 instead of llm.c's 1/cosh^2, which saves a
  * transcendental and cannot overflow. dinp may alias dout: element i is
  * read before it is written and nothing else reads it. */
+/* d gelu(x) / dx */
+static inline float MF_ISA(gelu_grad1)(float x) {
+    const float t = mf_vtanhf(GELU_K * (x + GELU_A * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+}
+
 static void MF_ISA(gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= MF_PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        const float x = inp[i];
-        const float t = mf_vtanhf(GELU_K * (x + GELU_A * x * x * x));
-        const float g = 0.5f * (1.0f + t) +
-                        0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
-        dinp[i] = g * dout[i];
+    for (size_t i = 0; i < n; i++) dinp[i] = MF_ISA(gelu_grad1)(inp[i]) * dout[i];
+}
+
+/* GELU's backward for a bf16 GEMM's backward with a bias, in one pass:
+ * out16 = d(pre) = gelu'(inp) dout rounded to bf16, dbias (or NULL) +=
+ * d(pre)'s column sums (per 64-column block, rows in order, as
+ * bias_backward); the fp32 d(pre) is never stored */
+static void MF_ISA(gelu_backward_bf16_colsum)(uint16_t *out16, float *dbias, const float *inp, const float *dout,
+                                              int N, int OC) {
+    const int nblk = (OC + MF_COLBLK - 1) / MF_COLBLK;
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= MF_PAR_MIN)
+    for (int blk = 0; blk < nblk; blk++) {
+        const int c0 = blk * MF_COLBLK;
+        const int w0 = OC - c0 < MF_COLBLK ? OC - c0 : MF_COLBLK;
+        float acc[MF_COLBLK] = {0};
+        for (int n = 0; n < N; n++) {
+            const size_t r = (size_t)n * OC + c0;
+#pragma omp simd
+            for (int c = 0; c < w0; c++) {
+                const float d = MF_ISA(gelu_grad1)(inp[r + c]) * dout[r + c];
+                acc[c] += d;
+                out16[r + c] = mf_f32_to_bf16(d);
+            }
+        }
+        if (dbias)
+            for (int c = 0; c < w0; c++) dbias[c0 + c] += acc[c];
     }
 }
 
@@ -610,6 +636,7 @@ const mf_kernel_isa MF_ISA(mf_kernels) = {
     .adamw = MF_ISA(adamw),
     .to_bf16 = MF_ISA(to_bf16),
     .to_bf16_colsum = MF_ISA(to_bf16_colsum),
+    .gelu_backward_bf16_colsum = MF_ISA(gelu_backward_bf16_colsum),
     .layernorm_forward_bf16 = MF_ISA(layernorm_forward_bf16),
     .gelu_forward_bf16 = MF_ISA(gelu_forward_bf16),
     .rmsnorm_forward = MF_ISA(rmsnorm_forward),

@@ -210,13 +210,18 @@ void mf_matmul16_backward(mf_dtype dt, float *dinp, void *dw, int dw16, float *d
     if (N <= 0 || C <= 0 || OC <= 0) return;
     /* bf16 with a bias: the rounding and the bias gradient (column sums of
      * the fp32 gradient) in one pass over dout */
-    const int fused = dbias && dt == MF_DTYPE_BF16;
-    if (fused) mf_kernels_isa_get()->to_bf16_colsum(dout16, dbias, dout, N, OC);
+    int fused = dbias && dt == MF_DTYPE_BF16;
+    if (!dout) fused = 1;  /* rounded and summed by the caller */
+    else if (fused) mf_kernels_isa_get()->to_bf16_colsum(dout16, dbias, dout, N, OC);
     else mf_half_from_f32(dt, dout16, dout, (size_t)N * OC);
     /* dw (C,OC) += inp^T @ dout first: inp may live in dinp's buffer */
     mf_gemm16_dw(dt, dw, dw16, inp, dout16, C, OC, N, 1, 0, scratch, scratch_bytes);
     if (dinp) mf_gemm16(dt, dinp, dout16, w, NULL, N, C, OC, 0, 1, 0, scratch, scratch_bytes);
     if (dbias && !fused) mf_kernels_isa_get()->bias_backward(dbias, dout, N, OC);
+}
+
+void mf_gelu_backward_bf16_colsum(uint16_t *dout16, float *dbias, const float *pre, const float *dh, int N, int OC) {
+    mf_kernels_isa_get()->gelu_backward_bf16_colsum(dout16, dbias, pre, dh, N, OC);
 }
 
 void mf_classifier16_forward(mf_dtype dt, float *logits, const void *x, const void *wte, int N, int C, int Vp,

@@ -197,6 +197,23 @@ static void proj_bwd(mf_model *m, mf_arena *a, const lin_ctx *c, int l, int lt, 
     if (ad) mf_lora_layer_backward_input(m, a, l, k, dx, N);
 }
 
+/* GPT-2's c_fc under bf16 with its bias, no adapter and no quantised base:
+ * GELU's backward, the rounding of d(pre) and the bias gradient in one pass
+ * over pre and d(h) (the fp32 d(pre) is never written), then the two
+ * GEMMs. 0 (nothing done) for any other projection set-up. */
+static int fc_bwd_bf16(mf_model *m, mf_arena *a, const lin_ctx *c, int l, float *dx, const float *pre,
+                       const float *dh, const void *x, int N) {
+    const int lt = MF_LT_GATE, k = c->bd->lora[lt];
+    if (!c->h16 || c->dt != MF_DTYPE_BF16 || !c->bd->w_in_out || lt_bias[lt] < 0 || k < 0) return 0;
+    const mf_tensor *w = &m->tensors[LT_I(l, lt)];
+    if (w->qkind || (m->lora.r && mf_lora_tensor(m, l, k) >= 0)) return 0;
+    int in, out;
+    mf_model_lora_dims(&m->d, k, &in, &out);
+    mf_gelu_backward_bf16_colsum(c->d16, LGO(l, lt_bias[lt]), pre, dh, N, out);
+    mf_matmul16_backward(c->dt, dx, LG(l, lt), w->g16, NULL, NULL, c->d16, x, LP(l, lt), N, in, out, c->gs, c->gb);
+    return 1;
+}
+
 /* ---- embedding: token rows gathered (a Llama's; GPT-2's encoder adds
  * learned positions, kernels.h), and the rotary table RoPE reads */
 void mf_embed_forward(float *out, const int32_t *inp, const float *wte, int N, int C) {
@@ -482,7 +499,7 @@ void mf_block_backward(mf_model *m, mf_arena *a, int l, int B, int T) {
         mf_swiglu_backward(fch, up, dbig, fch, up, (size_t)N * I);
         proj_bwd(m, a, &c, l, MF_LT_GATE, dln, 0.0f, fch, I, ln2, N);
         proj_bwd(m, a, &c, l, MF_LT_UP, dln, 1.0f, up, I, ln2, N);
-    } else {
+    } else if (!fc_bwd_bf16(m, a, &c, l, dln, fch, dbig, ln2, N)) {
         mf_gelu_backward(dbig, fch, dbig, (size_t)N * I);
         proj_bwd(m, a, &c, l, MF_LT_GATE, dln, 0.0f, dbig, I, ln2, N);
     }
