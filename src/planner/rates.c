@@ -289,7 +289,7 @@ static void cache_path(char *buf, size_t n, int nthreads) {
     for (char *p = host; *p; p++) if (*p == '/') *p = '_';
     /* the format version is in the name (binaries of other versions keep
      * their own file), and the GEMM backend and kernel ISA: each has its own rates */
-    snprintf(buf, n, "%s/rates-v7-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
+    snprintf(buf, n, "%s/rates-v8-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
              mf_kernels_isa_name(), nthreads);
 }
 
@@ -297,7 +297,7 @@ static int rates_load(mf_rates *r, const char *path, int nthreads) {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     memset(r, 0, sizeof *r);
-    int ok = fscanf(f, "memfit-rates 7 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
+    int ok = fscanf(f, "memfit-rates 8 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
     for (int j = 0; ok && j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; ok && i < MF_RATES_GEMM_SIZES; i++)
             ok = fscanf(f, "gemm %d %d %lf %lf\n", &r->gemm_m[j], &r->gemm_c[i], &r->gemm_gflops[j][i],
@@ -318,7 +318,7 @@ static void rates_save(const mf_rates *r, const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return;  /* no cache folder: calibrate next time too */
-    fprintf(f, "memfit-rates 7 threads %d\n", r->threads);
+    fprintf(f, "memfit-rates 8 threads %d\n", r->threads);
     for (int j = 0; j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
             fprintf(f, "gemm %d %d %.6g %.6g\n", r->gemm_m[j], r->gemm_c[i], r->gemm_gflops[j][i], r->gemm16_gflops[j][i]);
