@@ -53,41 +53,69 @@ static void run_gemm(void *p) {
              g->acc ? 1.0f : 0.0f, g->c, g->N);
 }
 
-/* GFLOP/s of a block's MLP matmul (rows x C -> 4C) over the three forms a
- * training step runs: forward x W, input gradient dY W^T, weight gradient
- * x^T dY accumulated; fp32 through mf_sgemm, or bf16 (0 when oneDNN cannot
- * run it). A single forward-form GEMM ran 10-25% faster than a step's mix
- * here (bench/gemm_paths.c), which made predicted steps short. Operands
- * come from ws: three buffers of `big` floats (fp32) and of `big` bf16
- * values, filled once. */
+/* GFLOP/s of a block's GEMMs as a training step runs them: GPT-2's four
+ * projections (C -> 3C, C -> C, C -> 4C, 4C -> C), each in its three forms
+ * (forward x W, input gradient dY W^T, weight gradient x^T dY accumulated),
+ * twelve products one after another, on fp32 through mf_sgemm or bf16 (0
+ * when oneDNN cannot run it). The rate is the median round's, not the
+ * fastest single product's: one product repeated alone ran 10-25% faster
+ * than a step's mix (bench/gemm_paths.c), and at C 128 the twelve in
+ * sequence took 3.9 ms a round (median) against 3.1 ms at the best
+ * single-form rates, which made small models' predicted steps short.
+ * Operands come from ws: three buffers of `big` floats (fp32) and of `big`
+ * bf16 values, filled once. */
 typedef struct { size_t big; float *f[3]; mf_bf16 *h[3]; } gemm_ws;
-/* GFLOP/s over three forms {tA, tB, accumulate, m, n, k} */
-static double mix_rate(const gemm_ws *ws, const int form[3][6], int bf16) {
-    double secs = 0, flops = 0;
-    for (int f = 0; f < 3; f++) {
-        int m = form[f][3], n = form[f][4], k = form[f][5];
-        if ((size_t)m * k > ws->big || (size_t)k * n > ws->big || (size_t)m * n > ws->big) return 0;
-        if (bf16) {
-            gemm16_ctx h = {m, n, k, form[f][0], form[f][1], form[f][2], ws->h[0], ws->h[1], ws->f[2], NULL, 0};
-            h.sb = mf_gemm_bf16_scratch_bytes(m, n, k, h.tA, h.tB, h.acc, 0, 0);
-            h.s = h.sb != SIZE_MAX ? malloc(h.sb ? h.sb : 1) : NULL;
-            int ok = h.s && mf_gemm_bf16_sized(h.c, h.a, h.b, NULL, m, n, k, h.tA, h.tB, h.acc, 0, h.s, h.sb) == 0;
-            if (ok) secs += best_of(run_gemm16, &h, 0.02);
-            free(h.s);
-            if (!ok) return 0;
-        } else {
-            gemm_ctx g = {m, n, k, form[f][0], form[f][1], form[f][2], ws->f[0], ws->f[1], ws->f[2]};
-            secs += best_of(run_gemm, &g, 0.02);
-        }
-        flops += 2.0 * m * n * k;
-    }
-    return secs > 0 ? flops / secs / 1e9 : 0;
-}
+#define BLOCK_FORMS 12
 static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int bf16) {
-    const int form[3][6] = {{0, 0, 0, M, 4 * C, C},   /* y = x W */
-                            {0, 1, 0, M, C, 4 * C},   /* dx = dy W^T (W stored C x 4C) */
-                            {1, 0, 1, C, 4 * C, M}};  /* dW += x^T dy */
-    return mix_rate(ws, form, bf16);
+    /* {tA, tB, accumulate, m, n, k} per projection (in, out): y = x W
+     * (M, out, in), dW += x^T dY (in, out, M), dX = dY W^T (M, in, out) */
+    const int io[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};
+    int form[BLOCK_FORMS][6];
+    gemm16_ctx h[BLOCK_FORMS];
+    memset(h, 0, sizeof h);
+    double flops = 0;
+    int ok = 1;
+    for (int p = 0; p < 4; p++) {
+        int in = io[p][0], out = io[p][1];
+        const int f3[3][6] = {{0, 0, 0, M, out, in}, {1, 0, 1, in, out, M}, {0, 1, 0, M, in, out}};
+        memcpy(form[3 * p], f3, sizeof f3);
+    }
+    for (int f = 0; f < BLOCK_FORMS; f++) {
+        int m = form[f][3], n = form[f][4], k = form[f][5];
+        if ((size_t)m * k > ws->big || (size_t)k * n > ws->big || (size_t)m * n > ws->big) ok = 0;
+        flops += 2.0 * m * n * k;
+        if (bf16 && ok) {
+            h[f] = (gemm16_ctx){m, n, k, form[f][0], form[f][1], form[f][2], ws->h[0], ws->h[1], ws->f[2], NULL, 0};
+            h[f].sb = mf_gemm_bf16_scratch_bytes(m, n, k, h[f].tA, h[f].tB, h[f].acc, 0, 0);
+            h[f].s = h[f].sb != SIZE_MAX ? malloc(h[f].sb ? h[f].sb : 1) : NULL;
+            ok = h[f].s && mf_gemm_bf16_sized(h[f].c, h[f].a, h[f].b, NULL, m, n, k, h[f].tA, h[f].tB, h[f].acc, 0,
+                                              h[f].s, h[f].sb) == 0;
+        }
+    }
+    double rounds[64];
+    int nr = 0;
+    /* a warm-up round, then at least 3 and until 0.02 s have passed */
+    for (double start = 0; ok && (nr < 4 || mf_time_now() - start < 0.02) && nr < 64; nr++) {
+        double t0 = mf_time_now();
+        if (nr == 1) start = t0;
+        for (int f = 0; f < BLOCK_FORMS; f++) {
+            if (bf16) run_gemm16(&h[f]);
+            else {
+                gemm_ctx g = {form[f][3], form[f][4], form[f][5], form[f][0], form[f][1], form[f][2], ws->f[0], ws->f[1], ws->f[2]};
+                run_gemm(&g);
+            }
+        }
+        rounds[nr] = mf_time_now() - t0;
+    }
+    for (int f = 0; f < BLOCK_FORMS; f++) free(h[f].s);
+    if (!ok || nr < 2) return 0;
+    /* the median of the rounds after the warm-up (insertion sort: at most 63) */
+    double *t = rounds + 1;
+    int n = nr - 1;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x; }
+    double med = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    return flops / med / 1e9;
 }
 
 typedef struct { int B, T, C, NH; float *out, *lse, *qkv, *dqkv, *dout, *scratch; } attn_ctx;
@@ -289,7 +317,7 @@ static void cache_path(char *buf, size_t n, int nthreads) {
     for (char *p = host; *p; p++) if (*p == '/') *p = '_';
     /* the format version is in the name (binaries of other versions keep
      * their own file), and the GEMM backend and kernel ISA: each has its own rates */
-    snprintf(buf, n, "%s/rates-v8-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
+    snprintf(buf, n, "%s/rates-v9-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
              mf_kernels_isa_name(), nthreads);
 }
 
@@ -297,7 +325,7 @@ static int rates_load(mf_rates *r, const char *path, int nthreads) {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     memset(r, 0, sizeof *r);
-    int ok = fscanf(f, "memfit-rates 8 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
+    int ok = fscanf(f, "memfit-rates 9 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
     for (int j = 0; ok && j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; ok && i < MF_RATES_GEMM_SIZES; i++)
             ok = fscanf(f, "gemm %d %d %lf %lf\n", &r->gemm_m[j], &r->gemm_c[i], &r->gemm_gflops[j][i],
@@ -318,7 +346,7 @@ static void rates_save(const mf_rates *r, const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return;  /* no cache folder: calibrate next time too */
-    fprintf(f, "memfit-rates 8 threads %d\n", r->threads);
+    fprintf(f, "memfit-rates 9 threads %d\n", r->threads);
     for (int j = 0; j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
             fprintf(f, "gemm %d %d %.6g %.6g\n", r->gemm_m[j], r->gemm_c[i], r->gemm_gflops[j][i], r->gemm16_gflops[j][i]);
@@ -419,7 +447,13 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
         if (!m->tensors[i].frozen) trainable += (double)m->tensors[i].numel;
         quant |= m->tensors[i].qkind != 0;
     }
-    double gemm = (lora ? 2 : 3) * (d->L * blk_mm + head) + nrec * blk_mm;
+    /* a recomputed block whose output is not needed again (the top block
+     * of each segment, every auto-chosen block) stops before its MLP's
+     * down projection (blocks.c, write_out 0): a dense block's C x F
+     * product is not rerun, a third of GPT-2's block */
+    int nskip = m->seg > 0 ? (d->L + m->seg - 1) / m->seg : (m->auto_k < d->L ? m->auto_k : d->L);
+    double down = d->n_experts > 0 ? 0 : 2 * N * C * (d->arch == MF_ARCH_GPT2 ? 4.0 * C : (double)d->ffn);
+    double gemm = (lora ? 2 : 3) * (d->L * blk_mm + head) + nrec * blk_mm - nskip * down;
     if (lora) gemm += (6.0 + 2.0 * nrec / d->L) * N * trainable;
     double attn = 3.5 * d->L * attn_f + nrec * attn_f;
     double elem = 4.0 * (3 * d->L * 18 * N * C + nrec * 18 * N * C + (sel ? d->L * 12 * N * C : 0) + 2 * N * d->Vp);
@@ -429,6 +463,12 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
     int h16 = m->cdt != MF_DTYPE_F32;
     if (h16) elem += 4.0 * (d->L * 12 * N * C + N * d->Vp) + 6.0 * (double)p->total_cat[MF_CAT_MASTER] / 4;
     if (quant) elem += 5.0 * (2 * d->L + nrec) * (double)mf_model_block_matmul_params(d);
+    /* a trainable head's weight gradient reads and writes the whole Vp x C
+     * fp32 gradient once per group of head_dw_rows rows (a loss chunk in
+     * fp32), traffic the calibrated block products (operands of at most
+     * 1024 x 3072) do not have: gpt2-10m (C 160, 256-row chunks) moves
+     * 64 MB for each 4.1 GFLOP product */
+    if (!lora) elem += ceil(N / (m->head_dw_rows > 0 ? m->head_dw_rows : N)) * 2.0 * d->Vp * C * 4;
     int accum = c->grad_accum > 0 ? c->grad_accum : 1;
     /* zeroing the gradients and their norm: two passes over them */
     double grads = (double)p->total_cat[MF_CAT_GRADS];
