@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The planner's time model against measured step times (issue 22: within
 # 10% on gpt2-124m and on tiny models). The rates are re-measured first
-# (`memfit plan --recalibrate`), then each config trains with --budget and
+# and again before each config (`memfit plan --recalibrate`; RECAL_EACH=0:
+# once), then each config trains with --budget and
 # every axis pinned (--grad_accum 1, --recompute, --precision; AdamW with
 # the default clip, no offload: the requested setting is the fastest and is
 # chosen), so the prediction is for the setting that runs. Prints the
@@ -15,12 +16,14 @@
 #                                    bf16 with recompute full), gpt2-10m B8
 #                                    T256, gpt2-1m B8 T128, bytes L4 C256 B16 T256
 #   QUICK=1 bench/time_model.sh      small models and few steps: a check
-#   STEPS=6 STEPS_SMALL=20 THREADS=2 bench/time_model.sh
+#   STEPS=6 STEPS_SMALL=40 THREADS=2 bench/time_model.sh
+#   RECAL_EACH=0 bench/time_model.sh  calibrate once at the start, not before
+#                                    each config
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=${MEMFIT_BIN:-build/memfit}
-QUICK=${QUICK:-0}; THREADS=${THREADS:-2}
-STEPS=${STEPS:-6}; STEPS_SMALL=${STEPS_SMALL:-20}
+QUICK=${QUICK:-0}; THREADS=${THREADS:-2}; RECAL_EACH=${RECAL_EACH:-1}
+STEPS=${STEPS:-6}; STEPS_SMALL=${STEPS_SMALL:-40}
 CACHE=${MEMFIT_CACHE:-$HOME/.cache/memfit}
 [ -x "$M" ] || { echo "time_model: build first (cmake --build build)" >&2; exit 1; }
 W=$(mktemp -d /tmp/memfit-time-model-XXXXXX)
@@ -46,7 +49,7 @@ else
     "bytes-L4-C256-B16-T256|$STEPS_SMALL|${BYTES[*]} --batch 16 --seq 256 --precision fp32 --recompute none"
   )
 fi
-echo "command: $([ "$QUICK" = 1 ] && echo 'QUICK=1 ')STEPS=$STEPS STEPS_SMALL=$STEPS_SMALL THREADS=$THREADS bench/time_model.sh"
+echo "command: $([ "$QUICK" = 1 ] && echo 'QUICK=1 ')RECAL_EACH=$RECAL_EACH STEPS=$STEPS STEPS_SMALL=$STEPS_SMALL THREADS=$THREADS bench/time_model.sh"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
 echo "commit:  $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (src modified)')"
 echo "each:    $M train ARGS --threads $THREADS --grad_accum 1 --budget 64GiB --steps N --sample_tokens 0 --val_every 0 --val_batches 1 --progress 0"
@@ -58,6 +61,13 @@ RATES=$(ls -t "$CACHE"/rates-v*-t"$THREADS"*.txt 2>/dev/null | head -1 || true)
 for c in "${CONFIGS[@]}"; do
   name=${c%%|*}; rest=${c#*|}; steps=${rest%%|*}; args=${rest#*|}
   read -r -a a <<< "$args"
+  # the rates re-measured right before each config (RECAL_EACH=0: once, at
+  # the start): this shared machine's speed drifts by 10-20% over minutes,
+  # and rates and steps measured minutes apart describe different machines
+  if [ "$RECAL_EACH" = 1 ]; then
+    "$M" plan --recalibrate "${a[@]}" --threads "$THREADS" --grad_accum 1 > "$W/$name.recal" 2>&1 ||
+      { echo "time_model: calibration before $name failed" >&2; cat "$W/$name.recal" >&2; exit 1; }
+  fi
   "$M" plan "${a[@]}" --threads "$THREADS" --grad_accum 1 --json > "$W/$name.json" 2> "$W/$name.plan.err" ||
     { echo "time_model: plan of $name failed" >&2; cat "$W/$name.plan.err" >&2; exit 1; }
   "$M" train "${a[@]}" --threads "$THREADS" --grad_accum 1 --budget 64GiB --steps "$steps" --metrics "$W/$name.jsonl" \
