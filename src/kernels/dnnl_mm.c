@@ -3,6 +3,7 @@
 #include "kernels/half.h"
 #include "dnnl_mm.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -178,26 +179,30 @@ static mf_mm tile_of(const mf_mm *s, int nb, int kb, int k) {
  * the head's forward (equal), e.g. the head's weight gradient over 512
  * rows 716 against 560 GFLOP/s, the projections' weight gradients 671-745
  * against 605-670 (docs/performance.md). libdnnl 2.x exports it (its own
- * tests call it) without declaring it in its headers; a build where the
- * first call fails, or MEMFIT_GEMM16=matmul, keeps the matmul for all. A
+ * tests call it) without declaring it in its headers, so it is looked up
+ * at run time (dlsym), not linked: a libdnnl without it, one where the
+ * first call fails, or MEMFIT_GEMM16=matmul keeps the matmul for all. A
  * bias (the fused add) or a bf16 result (grad_dtype bf16: the sum post-op
  * rounds once) stays on the matmul. */
-dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N, dnnl_dim_t K, float alpha,
-                                    const uint16_t *A, dnnl_dim_t lda, const uint16_t *B, dnnl_dim_t ldb, float beta,
-                                    float *C, dnnl_dim_t ldc);
-static int g_direct;
+typedef dnnl_status_t (*gemm16_fn)(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N, dnnl_dim_t K, float alpha,
+                                   const uint16_t *A, dnnl_dim_t lda, const uint16_t *B, dnnl_dim_t ldb, float beta,
+                                   float *C, dnnl_dim_t ldc);
+static gemm16_fn g_gemm16;  /* NULL: the matmul for every bf16 product */
 static pthread_once_t g_direct_once = PTHREAD_ONCE_INIT;
 static void direct_init(void) {
     const char *e = getenv("MEMFIT_GEMM16");
     if (e && strcmp(e, "matmul") == 0) return;
+    gemm16_fn f;
+    void *sym = dlsym(RTLD_DEFAULT, "dnnl_gemm_bf16bf16f32");
+    if (!sym) return;
+    memcpy(&f, &sym, sizeof f);  /* POSIX: a data pointer from dlsym holds the function's address */
     const uint16_t a[4] = {0x3f80, 0x4000, 0x4040, 0x4080}, b[4] = {0x3f80, 0x3f80, 0x3f80, 0x3f80}; /* 1 2 3 4 and ones */
     float c[4] = {0};
-    g_direct = dnnl_gemm_bf16bf16f32('N', 'N', 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2) == dnnl_success && c[0] == 3.0f &&
-               c[3] == 7.0f;
+    if (f('N', 'N', 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2) == dnnl_success && c[0] == 3.0f && c[3] == 7.0f) g_gemm16 = f;
 }
 static int direct(const mf_mm *s) {
     pthread_once(&g_direct_once, direct_init);
-    return g_direct && s->ab == dnnl_bf16 && s->c == dnnl_f32 && !s->bias && s->M > 0 && s->N > 0 && s->K > 0;
+    return g_gemm16 && s->ab == dnnl_bf16 && s->c == dnnl_f32 && !s->bias && s->M > 0 && s->N > 0 && s->K > 0;
 }
 
 size_t mf_mm_scratch(const mf_mm *s) {
@@ -223,7 +228,7 @@ int mf_mm_run(const mf_mm *s, const void *A, const void *B, const float *bias, v
               size_t scratch_bytes) {
     pthread_once(&g_tiles, tiles_init);
     if (direct(s)) {
-        if (dnnl_gemm_bf16bf16f32(s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->M, s->N, s->K, s->alpha, A, s->lda, B, s->ldb,
+        if (g_gemm16(s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->M, s->N, s->K, s->alpha, A, s->lda, B, s->ldb,
                                   s->beta, C, s->ldc) != dnnl_success)
             return mf_fail("oneDNN: the %dx%dx%d bf16 gemm failed", s->M, s->N, s->K);
         return 0;
