@@ -59,6 +59,7 @@ typedef struct {
     double attn_gflops[MF_RATES_ATTN_T][MF_RATES_ATTN_HS]; /* causal flash attention forward+backward */
     double elem_gbs;      /* LayerNorm and GELU kernels, bytes read + written */
     double optim_mps[4];  /* optimizer update, million parameters/s, by mf_optim_kind */
+    double optim_tensor_us[4]; /* and microseconds per trainable tensor beyond that (its regions) */
     double disk_gbs;      /* pwrite + pread of a file, as the offload streams */
     double calib_s;       /* seconds the calibration took */
 } mf_rates;
