@@ -301,10 +301,12 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
     /* the optimizers' updates (AdamW's sqrt and division, 8-bit AdamW's
      * quantisation) are far from memory-bound: each is its own class */
     static const char *const opt[4] = {"adamw", "adamw8bit", "adafactor", "sgd"};
-    for (int k = 0; k < 4; k++)
-        if ((r->optim_mps[k] = optim_rate(opt[k], &r->optim_tensor_us[k])) <= 0)
+    for (int k = 0; k < 4; k++) {
+        double tensor_s;
+        if ((r->optim_mps[k] = optim_rate(opt[k], &tensor_s)) <= 0)
             return mf_fail("calibration: optimizer %s failed", opt[k]);
-        else r->optim_tensor_us[k] *= 1e6;
+        r->optim_tensor_us[k] = tensor_s * 1e6;
+    }
     /* disk: write (to the device: fdatasync) then read 64 MiB through a
      * 4 MiB buffer, as the offload windows do (pwrite/pread) */
     {
