@@ -46,6 +46,16 @@ static double best_of(bench_fn fn, void *ctx, double min_s) {
     return best;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+/* the median of v[0..n-1] (n >= 1; v is sorted in place) */
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 typedef struct { int M, N, K, tA, tB, acc; float *a, *b, *c; } gemm_ctx;
 static void run_gemm(void *p) {
     gemm_ctx *g = p;
@@ -111,13 +121,7 @@ static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int bf16) {
     }
     for (int f = 0; f < BLOCK_FORMS; f++) free(h[f].s);
     if (!ok || nr < 2) return 0;
-    /* the median of the rounds after the warm-up (insertion sort: at most 63) */
-    double *t = rounds + 1;
-    int n = nr - 1;
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x; }
-    double med = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-    return flops / med / 1e9;
+    return flops / median(rounds + 1, nr - 1) / 1e9;  /* the rounds after the warm-up */
 }
 
 typedef struct { int B, T, C, NH; float *out, *lse, *qkv, *dqkv, *dout, *scratch; } attn_ctx;
@@ -193,9 +197,7 @@ static double optim_rate(const char *name, double *tensor_s) {
                         }
                         t[k] = (mf_time_now() - t0) / 200;
                     }
-                    for (int i = 1; i < 5; i++)
-                        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x; }
-                    *tensor_s = t[2] - (double)n / (rate * 1e6);
+                    *tensor_s = median(t, 5) - (double)n / (rate * 1e6);
                     if (!(*tensor_s > 0) || sink < 0) *tensor_s = 0;
                 }
             }
@@ -487,7 +489,7 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
      * down projection (blocks.c, write_out 0): a dense block's C x F
      * product is not rerun, a third of GPT-2's block */
     int nskip = m->seg > 0 ? (d->L + m->seg - 1) / m->seg : (m->auto_k < d->L ? m->auto_k : d->L);
-    double down = d->n_experts > 0 ? 0 : 2 * N * C * (d->arch == MF_ARCH_GPT2 ? 4.0 * C : (double)d->ffn);
+    double down = d->n_experts > 0 ? 0 : 2 * N * C * (double)d->ffn;  /* GPT-2's ffn is 4C */
     double gemm = (lora ? 2 : 3) * (d->L * blk_mm + head) + nrec * blk_mm - nskip * down;
     if (lora) gemm += (6.0 + 2.0 * nrec / d->L) * N * trainable;
     double attn = 3.5 * d->L * attn_f + nrec * attn_f;
