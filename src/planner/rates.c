@@ -72,11 +72,33 @@ static void run_gemm(void *p) {
  * than a step's mix (bench/gemm_paths.c), and at C 128 the twelve in
  * sequence took 3.9 ms a round (median) against 3.1 ms at the best
  * single-form rates, which made small models' predicted steps short.
- * Operands come from ws: three buffers of `big` floats (fp32) and of `big`
- * bf16 values, filled once. */
-typedef struct { size_t big; float *f[3]; mf_bf16 *h[3]; } gemm_ws;
+ * Every product takes its operands from the next stretch of a pool larger
+ * than the caches (64 MiB), as a step's products find theirs: written by
+ * other kernels or saved by the forward long before the backward reads
+ * them. With the same three buffers for all twelve (hot in the caches)
+ * gpt2-1m's shapes (1024 rows, C 128) ran 10-14% faster than from the
+ * pool, C 256 5%, C 768 0-2% (build/bench_gemm_cold); the effect stopped
+ * growing past a 64 MiB pool. */
+#define POOL_BYTES ((size_t)64 << 20)
+typedef struct { size_t big, nf, nh, of, oh; float *f; mf_bf16 *h; } gemm_ws;
+/* the next n values of a pool (64-byte aligned stretches), from its start
+ * again when they would run past its end */
+static float *take_f(gemm_ws *ws, size_t n) {
+    n = (n + 15) / 16 * 16;
+    if (ws->of + n > ws->nf) ws->of = 0;
+    float *p = ws->f + ws->of;
+    ws->of += n;
+    return p;
+}
+static mf_bf16 *take_h(gemm_ws *ws, size_t n) {
+    n = (n + 31) / 32 * 32;
+    if (ws->oh + n > ws->nh) ws->oh = 0;
+    mf_bf16 *p = ws->h + ws->oh;
+    ws->oh += n;
+    return p;
+}
 #define BLOCK_FORMS 12
-static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int bf16) {
+static double gemm_mix_rate(gemm_ws *ws, int M, int C, int bf16) {
     /* {tA, tB, accumulate, m, n, k} per projection (in, out): y = x W
      * (M, out, in), dW += x^T dY (in, out, M), dX = dY W^T (M, in, out) */
     const int io[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};
@@ -95,7 +117,7 @@ static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int bf16) {
         if ((size_t)m * k > ws->big || (size_t)k * n > ws->big || (size_t)m * n > ws->big) ok = 0;
         flops += 2.0 * m * n * k;
         if (bf16 && ok) {
-            h[f] = (gemm16_ctx){m, n, k, form[f][0], form[f][1], form[f][2], ws->h[0], ws->h[1], ws->f[2], NULL, 0};
+            h[f] = (gemm16_ctx){m, n, k, form[f][0], form[f][1], form[f][2], ws->h, ws->h, ws->f, NULL, 0};
             h[f].sb = mf_gemm_bf16_scratch_bytes(m, n, k, h[f].tA, h[f].tB, h[f].acc, 0, 0);
             h[f].s = h[f].sb != SIZE_MAX ? malloc(h[f].sb ? h[f].sb : 1) : NULL;
             ok = h[f].s && mf_gemm_bf16_sized(h[f].c, h[f].a, h[f].b, NULL, m, n, k, h[f].tA, h[f].tB, h[f].acc, 0,
@@ -111,9 +133,17 @@ static double gemm_mix_rate(const gemm_ws *ws, int M, int C, int bf16) {
         double t0 = mf_time_now();
         if (nr == 1) start = t0;
         for (int f = 0; f < BLOCK_FORMS; f++) {
-            if (bf16) run_gemm16(&h[f]);
-            else {
-                gemm_ctx g = {form[f][3], form[f][4], form[f][5], form[f][0], form[f][1], form[f][2], ws->f[0], ws->f[1], ws->f[2]};
+            size_t m = (size_t)form[f][3], n = (size_t)form[f][4], k = (size_t)form[f][5];
+            if (bf16) {
+                h[f].a = take_h(ws, m * k);
+                h[f].b = take_h(ws, k * n);
+                h[f].c = take_f(ws, m * n);
+                run_gemm16(&h[f]);
+            } else {
+                gemm_ctx g = {form[f][3], form[f][4], form[f][5], form[f][0], form[f][1], form[f][2], NULL, NULL, NULL};
+                g.a = take_f(ws, m * k);
+                g.b = take_f(ws, k * n);
+                g.c = take_f(ws, m * n);
                 run_gemm(&g);
             }
         }
@@ -215,15 +245,25 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
     r->threads = nthreads;
     /* GEMM at the shape of a block's MLP (rows x C x 4C) for several widths
      * and row counts (small micro-batches run GEMMs far below peak) */
-    gemm_ws ws = {(size_t)gemm_rows[MF_RATES_GEMM_ROWS - 1] * 4 * gemm_widths[MF_RATES_GEMM_SIZES - 1], {0}, {0}};
+    gemm_ws ws = {(size_t)gemm_rows[MF_RATES_GEMM_ROWS - 1] * 4 * gemm_widths[MF_RATES_GEMM_SIZES - 1], 0, 0, 0, 0,
+                  NULL, NULL};
     if (gemm_widths[MF_RATES_GEMM_SIZES - 1] > gemm_rows[MF_RATES_GEMM_ROWS - 1])
         ws.big = (size_t)gemm_widths[MF_RATES_GEMM_SIZES - 1] * 4 * gemm_widths[MF_RATES_GEMM_SIZES - 1];
-    int wok = 1;
-    for (int k = 0; k < 3; k++) {
-        ws.f[k] = malloc(ws.big * sizeof(float));
-        ws.h[k] = calloc(ws.big, sizeof(mf_bf16));  /* zeros: the rate does not depend on the values */
-        if (ws.f[k]) fill(ws.f[k], ws.big, 1);
-        wok &= ws.f[k] && ws.h[k];
+    /* the pools: at least one product's three operands (+ alignment) */
+    ws.nf = POOL_BYTES / sizeof(float) > 3 * ws.big + 48 ? POOL_BYTES / sizeof(float) : 3 * ws.big + 48;
+    ws.nh = POOL_BYTES / sizeof(mf_bf16) > 2 * ws.big + 64 ? POOL_BYTES / sizeof(mf_bf16) : 2 * ws.big + 64;
+    ws.f = malloc(ws.nf * sizeof(float));
+    ws.h = malloc(ws.nh * sizeof(mf_bf16));
+    int wok = ws.f && ws.h;
+    if (wok) {
+        /* written, not calloc's zero pages (which all map one physical
+         * page: every read would hit the cache) */
+        /* one 64 KiB pattern, copied: fill() over all of it took 0.4 s */
+        enum { PAT = 16384 };
+        fill(ws.f, PAT, 1);
+        for (size_t i = 0; i < PAT; i++) ws.h[i] = mf_f32_to_bf16(ws.f[i]);
+        for (size_t i = PAT; i < ws.nf; i += PAT) memcpy(ws.f + i, ws.f, 4 * (ws.nf - i < PAT ? ws.nf - i : PAT));
+        for (size_t i = PAT; i < ws.nh; i += PAT) memcpy(ws.h + i, ws.h, 2 * (ws.nh - i < PAT ? ws.nh - i : PAT));
     }
     for (int j = 0; j < MF_RATES_GEMM_ROWS && wok; j++) {
         r->gemm_m[j] = gemm_rows[j];
@@ -235,7 +275,8 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
             if (r->gemm16_gflops[j][i] <= 0) r->gemm16_gflops[j][i] = r->gemm_gflops[j][i];
         }
     }
-    for (int k = 0; k < 3; k++) { free(ws.f[k]); free(ws.h[k]); }
+    free(ws.f);
+    free(ws.h);
     if (!wok) return mf_fail("calibration: out of memory");
     /* more rows never make a GEMM slower per FLOP; a measurement that says
      * so is noise (the machine is shared), so the table is made monotone */
@@ -351,7 +392,7 @@ static void cache_path(char *buf, size_t n, int nthreads) {
     for (char *p = host; *p; p++) if (*p == '/') *p = '_';
     /* the format version is in the name (binaries of other versions keep
      * their own file), and the GEMM backend and kernel ISA: each has its own rates */
-    snprintf(buf, n, "%s/rates-v10-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
+    snprintf(buf, n, "%s/rates-v11-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
              mf_kernels_isa_name(), nthreads);
 }
 
@@ -359,7 +400,7 @@ static int rates_load(mf_rates *r, const char *path, int nthreads) {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     memset(r, 0, sizeof *r);
-    int ok = fscanf(f, "memfit-rates 10 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
+    int ok = fscanf(f, "memfit-rates 11 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
     for (int j = 0; ok && j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; ok && i < MF_RATES_GEMM_SIZES; i++)
             ok = fscanf(f, "gemm %d %d %lf %lf\n", &r->gemm_m[j], &r->gemm_c[i], &r->gemm_gflops[j][i],
@@ -382,7 +423,7 @@ static void rates_save(const mf_rates *r, const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return;  /* no cache folder: calibrate next time too */
-    fprintf(f, "memfit-rates 10 threads %d\n", r->threads);
+    fprintf(f, "memfit-rates 11 threads %d\n", r->threads);
     for (int j = 0; j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
             fprintf(f, "gemm %d %d %.6g %.6g\n", r->gemm_m[j], r->gemm_c[i], r->gemm_gflops[j][i], r->gemm16_gflops[j][i]);
