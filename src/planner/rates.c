@@ -257,8 +257,8 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
     int wok = ws.f && ws.h;
     if (wok) {
         /* written, not calloc's zero pages (which all map one physical
-         * page: every read would hit the cache) */
-        /* one 64 KiB pattern, copied: fill() over all of it took 0.4 s */
+         * page: every read would hit the cache); one 64 KiB pattern,
+         * copied (fill() over all of it took 0.4 s) */
         enum { PAT = 16384 };
         fill(ws.f, PAT, 1);
         for (size_t i = 0; i < PAT; i++) ws.h[i] = mf_f32_to_bf16(ws.f[i]);
