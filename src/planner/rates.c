@@ -81,20 +81,13 @@ static void run_gemm(void *p) {
  * growing past a 64 MiB pool. */
 #define POOL_BYTES ((size_t)64 << 20)
 typedef struct { size_t big, nf, nh, of, oh; float *f; mf_bf16 *h; } gemm_ws;
-/* the next n values of a pool (64-byte aligned stretches), from its start
- * again when they would run past its end */
-static float *take_f(gemm_ws *ws, size_t n) {
-    n = (n + 15) / 16 * 16;
-    if (ws->of + n > ws->nf) ws->of = 0;
-    float *p = ws->f + ws->of;
-    ws->of += n;
-    return p;
-}
-static mf_bf16 *take_h(gemm_ws *ws, size_t n) {
-    n = (n + 31) / 32 * 32;
-    if (ws->oh + n > ws->nh) ws->oh = 0;
-    mf_bf16 *p = ws->h + ws->oh;
-    ws->oh += n;
+/* the next n values (of el bytes) of a pool of cap values, in 64-byte
+ * aligned stretches, from its start again when they would run past its end */
+static void *take(void *pool, size_t el, size_t cap, size_t *off, size_t n) {
+    n = (n * el + 63) / 64 * 64 / el;
+    if (*off + n > cap) *off = 0;
+    void *p = (char *)pool + *off * el;
+    *off += n;
     return p;
 }
 #define BLOCK_FORMS 12
@@ -135,15 +128,15 @@ static double gemm_mix_rate(gemm_ws *ws, int M, int C, int bf16) {
         for (int f = 0; f < BLOCK_FORMS; f++) {
             size_t m = (size_t)form[f][3], n = (size_t)form[f][4], k = (size_t)form[f][5];
             if (bf16) {
-                h[f].a = take_h(ws, m * k);
-                h[f].b = take_h(ws, k * n);
-                h[f].c = take_f(ws, m * n);
+                h[f].a = take(ws->h, sizeof(mf_bf16), ws->nh, &ws->oh, m * k);
+                h[f].b = take(ws->h, sizeof(mf_bf16), ws->nh, &ws->oh, k * n);
+                h[f].c = take(ws->f, sizeof(float), ws->nf, &ws->of, m * n);
                 run_gemm16(&h[f]);
             } else {
                 gemm_ctx g = {form[f][3], form[f][4], form[f][5], form[f][0], form[f][1], form[f][2], NULL, NULL, NULL};
-                g.a = take_f(ws, m * k);
-                g.b = take_f(ws, k * n);
-                g.c = take_f(ws, m * n);
+                g.a = take(ws->f, sizeof(float), ws->nf, &ws->of, m * k);
+                g.b = take(ws->f, sizeof(float), ws->nf, &ws->of, k * n);
+                g.c = take(ws->f, sizeof(float), ws->nf, &ws->of, m * n);
                 run_gemm(&g);
             }
         }
@@ -252,8 +245,8 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
     /* the pools: at least one product's three operands (+ alignment) */
     ws.nf = POOL_BYTES / sizeof(float) > 3 * ws.big + 48 ? POOL_BYTES / sizeof(float) : 3 * ws.big + 48;
     ws.nh = POOL_BYTES / sizeof(mf_bf16) > 2 * ws.big + 64 ? POOL_BYTES / sizeof(mf_bf16) : 2 * ws.big + 64;
-    ws.f = malloc(ws.nf * sizeof(float));
-    ws.h = malloc(ws.nh * sizeof(mf_bf16));
+    ws.f = aligned_alloc(64, ws.nf * sizeof(float));  /* sizes: multiples of 64 bytes */
+    ws.h = aligned_alloc(64, ws.nh * sizeof(mf_bf16));
     int wok = ws.f && ws.h;
     if (wok) {
         /* written, not calloc's zero pages (which all map one physical
