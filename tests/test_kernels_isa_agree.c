@@ -367,6 +367,61 @@ static double normerr(const float *a, const float *b, size_t n) {
     return m > 0 ? d / m : d;
 }
 
+#ifdef MF_HAVE_AVX512_TABLE
+/* The bf16 tiles (mf_flash_*_avx512bf16) against the fp32 AVX-512 kernel.
+ * Given Q, K, V and dO already rounded to bf16, the score products are
+ * exact products summed in fp32 on both sides, so the log-sum-exps agree to
+ * float round-off (2e-6 relative; 2.4e-7 seen); what remains is the
+ * rounding of P and dS to bf16 (2^-9 relative each): out within 4e-3 and
+ * dqkv within 5e-3 of the tensor's largest magnitude (1.2e-3 and 1.5e-3
+ * seen). On the unrounded inputs the bf16 kernel must differ from the fp32
+ * one (it ran bf16 products) and stay within 1e-2 / 1.5e-2 (4.0e-3 and
+ * 5.8e-3 seen). The masks: a poisoned key must not move a row that cannot see
+ * it, as for the fp32 kernel. */
+static void flash_bf16(int B, int T, int NH, int NKV, int hs, int win, const int32_t *pos, const float *qkv0,
+                       const float *dout0) {
+    const int QKV = (NH + 2 * NKV) * hs, C = NH * hs;
+    const size_t nq = (size_t)B * T * QKV, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = falloc(nq), *dout = falloc(no);
+    memcpy(qkv, qkv0, nq * sizeof *qkv);
+    memcpy(dout, dout0, no * sizeof *dout);
+    float *o0 = falloc(no), *o1 = falloc(no), *l0 = falloc(nl), *l1 = falloc(nl), *g0 = falloc(nq), *g1 = falloc(nq);
+    const size_t ns = mf_flash_attention_scratch_floats(T, hs, omp_get_max_threads());
+    float *sc = falloc(ns);
+    /* unrounded inputs: bf16 products, so different from fp32, but close */
+    mf_flash_forward_avx512(o0, l0, qkv, B, T, NH, NKV, hs, win, pos);
+    mf_flash_forward_avx512bf16(o1, l1, qkv, B, T, NH, NKV, hs, win, pos);
+    mf_flash_backward_avx512(g0, sc, dout, o0, qkv, l0, B, T, NH, NKV, hs, win, pos);
+    mf_flash_backward_avx512bf16(g1, sc, dout, o0, qkv, l0, B, T, NH, NKV, hs, win, pos);
+    double eo = normerr(o0, o1, no), eg = normerr(g0, g1, nq);
+    CHECK(eo > 0 && eg > 0 && eo <= 1e-2 && eg <= 1.5e-2,
+          "flash bf16 vs fp32 B%d T%d NH%d NKV%d hs%d window %d docs %d: out %.3g dqkv %.3g (want (0, 1e-2], (0, 1.5e-2])",
+          B, T, NH, NKV, hs, win, pos != NULL, eo, eg);
+    for (size_t i = 0; i < nq; i++) qkv[i] = mf_bf16_to_f32(mf_f32_to_bf16(qkv[i]));
+    for (size_t i = 0; i < no; i++) dout[i] = mf_bf16_to_f32(mf_f32_to_bf16(dout[i]));
+    mf_flash_forward_avx512(o0, l0, qkv, B, T, NH, NKV, hs, win, pos);
+    mf_flash_forward_avx512bf16(o1, l1, qkv, B, T, NH, NKV, hs, win, pos);
+    mf_flash_backward_avx512(g0, sc, dout, o0, qkv, l0, B, T, NH, NKV, hs, win, pos);
+    mf_flash_backward_avx512bf16(g1, sc, dout, o0, qkv, l0, B, T, NH, NKV, hs, win, pos);
+    eo = normerr(o0, o1, no), eg = normerr(g0, g1, nq);
+    const double el = maxrel(l0, l1, nl, 1.0);
+    CHECK(el <= 2e-6 && eo <= 4e-3 && eg <= 5e-3,
+          "flash bf16 vs fp32 on bf16 inputs B%d T%d NH%d NKV%d hs%d window %d docs %d: lse %.3g out %.3g dqkv %.3g",
+          B, T, NH, NKV, hs, win, pos != NULL, el, eo, eg);
+    const int last = T - 1;
+    int lo = win ? last - win + 1 : 0;
+    if (pos) lo = lo > last - pos[last] ? lo : last - pos[last];
+    if (lo > 0) {
+        for (int j = 0; j < lo; j++)
+            for (int kv = 0; kv < NKV; kv++) qkv[(size_t)j * QKV + (size_t)(NH + kv) * hs] = 1e4f;
+        mf_flash_forward_avx512bf16(o0, l0, qkv, B, T, NH, NKV, hs, win, pos);
+        CHECK(memcmp(o0 + (size_t)last * C, o1 + (size_t)last * C, (size_t)hs * sizeof(float)) == 0,
+              "flash bf16 B%d T%d window %d docs %d: a masked key changed row %d", B, T, win, pos != NULL, last);
+    }
+    free(o0); free(o1); free(l0); free(l1); free(g0); free(g1); free(sc); free(qkv); free(dout);
+}
+#endif
+
 static void flash_one(int B, int T, int NH, int NKV, int hs, int window, int docs) {
     const int QKV = (NH + 2 * NKV) * hs, C = NH * hs;
     const size_t nq = (size_t)B * T * QKV, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
@@ -395,6 +450,9 @@ static void flash_one(int B, int T, int NH, int NKV, int hs, int window, int doc
     CHECK(eo <= 2e-6 && el <= 1e-6 && eg <= 2e-6,
           "flash avx512 vs tiles B%d T%d NH%d NKV%d hs%d window %d docs %d: out %.3g lse %.3g dqkv %.3g", B, T, NH,
           NKV, hs, win, docs, eo, el, eg);
+#ifdef MF_HAVE_AVX512_TABLE
+    if (mf_kernels_isa_bf16dot_ok()) flash_bf16(B, T, NH, NKV, hs, win, pos, qkv, dout);
+#endif
     /* the last query row of batch 0, head 0 sees keys in [lo, T-1]: poison
      * every key before lo and the forward's output there must not move */
     const int last = T - 1;

@@ -187,6 +187,19 @@ void mf_flash_attention_doc_forward(float *out, float *lse, const float *qkv, in
 void mf_flash_attention_doc_backward(float *dqkv, float *scratch, const float *dout, const float *out,
                                      const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
                                      int window, const int32_t *pos);
+/* The same, with bf16 tile products: every product's operands (Q, K, V,
+ * dO, the probabilities P and dS) rounded to bf16 (nearest even) and
+ * multiplied by AVX512_BF16's vdpbf16ps; softmax, log-sum-exps and every
+ * sum stay fp32. The 16-bit training path's attention (docs/precision.md
+ * has the loss gap). Where mf_flash_attention_bf16_tiles() is 0 (no
+ * AVX512_BF16, MEMFIT_ISA=portable, hs > 128, or MEMFIT_ATTN_BF16=0) they
+ * are exactly mf_flash_attention_doc_forward / _backward. */
+int mf_flash_attention_bf16_tiles(void);
+void mf_flash_attention_bf16_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
+                                     int hs, int window, const int32_t *pos);
+void mf_flash_attention_bf16_backward(float *dqkv, float *scratch, const float *dout, const float *out,
+                                      const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
+                                      int window, const int32_t *pos);
 /* GPT-2's learned positions for packed documents: out (N,C) += wpe[pos[n]],
  * and its backward dwpe[pos[n]] += dout[n] (rows added in order). */
 void mf_pos_embed_add(float *out, const float *wpe, const int32_t *pos, int N, int C);

@@ -27,6 +27,17 @@
  * Stack per task: the score tiles (2 x 16 KiB) and the transposed tiles
  * (2 x hs x 64 floats, hs <= MF_FA512_MAX_HS); the backward's scratch is
  * flash_attention.c's (only its D part is used here).
+ *
+ * bf16 tiles (mf_flash_*_avx512bf16, CPUs with AVX512_BF16): the same loops,
+ * with every tile product's operands rounded to bf16 (nearest even) and
+ * multiplied by vdpbf16ps, which sums two products per fp32 lane: twice the
+ * multiply-adds per instruction. The softmax, the running max and sums, the
+ * rescales, D = rowsum(dO O), the log-sum-exps and every accumulation stay
+ * fp32, as in FlashAttention-2's bf16 kernels. Each product packs its
+ * operands as pairs along the reduction (two bf16 in one 32-bit lane); an
+ * operand used by every key tile of a query tile (Qt, dO^T, dO, Q) is
+ * packed once per query tile. Used by the 16-bit training path
+ * (blocks.c); docs/precision.md has its loss gap.
  */
 #if defined(__x86_64__) && defined(MEMFIT_AVX512_TU)
 #include "isa.h"
@@ -162,6 +173,141 @@ static void mm(float *C, int ldc, const float *A, int sai, int saj, const float 
     }
 }
 
+/* ---- bf16 tile products (AVX512_BF16) ------------------------------------
+ * Pairs: lane c of a packed row holds (x_2p[c], x_2p+1[c]) as two bf16, the
+ * even reduction index in the low half; past an odd m the high half is 0.
+ * These functions carry their own target so the rest of the file needs no
+ * AVX512_BF16 (the table runs on AVX-512 CPUs without it). */
+#define BF16_FN __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq")))
+enum { MAXP = (MF_FA512_MAX_HS > BK ? MF_FA512_MAX_HS : BK) / 2 }; /* pairs along a reduction */
+
+static inline __mmask16 lanes(int w) { return (__mmask16)(w >= 16 ? 0xFFFFu : w <= 0 ? 0u : (1u << w) - 1u); }
+
+/* 16 lanes of pairs from rows x and y (y NULL: zero high halves) */
+BF16_FN static inline __m512i pair16(const float *x, const float *y, __mmask16 k) {
+    __m512i v = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, x)));
+    if (y) {
+        const __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, y)));
+        v = _mm512_or_si512(v, _mm512_slli_epi32(h, 16));
+    }
+    return v;
+}
+
+/* dst[c] = pair(x[c], y[c]) for c < cnt, 0 for cnt <= c < pad (pad: a
+ * multiple of 16) */
+BF16_FN static void pack_pairs(uint32_t *dst, const float *x, const float *y, int cnt, int pad) {
+    for (int c = 0; c < pad; c += 16) _mm512_storeu_si512(dst + c, pair16(x + c, y ? y + c : NULL, lanes(cnt - c)));
+}
+
+/* B2 (m2 x ldb2 pairs) from B's first m rows (k floats each, row stride
+ * ldb); ldb2 = k rounded up to 64, the padding 0 */
+BF16_FN static void pack_b(uint32_t *B2, const float *B, int ldb, int m, int k) {
+    const int ldb2 = (k + 63) / 64 * 64;
+    for (int p = 0; 2 * p < m; p++)
+        pack_pairs(B2 + (size_t)p * ldb2, B + (size_t)2 * p * ldb, 2 * p + 1 < m ? B + (size_t)(2 * p + 1) * ldb : NULL,
+                   k, ldb2);
+}
+
+#define MM16_FMA(r)                                                                          \
+    do {                                                                                     \
+        const __m512bh a_ = (__m512bh)_mm512_set1_epi32((int)A2[(size_t)(r) * s2i + (size_t)p * s2p]); \
+        c##r##0 = _mm512_dpbf16_ps(c##r##0, a_, b0);                                         \
+        c##r##1 = _mm512_dpbf16_ps(c##r##1, a_, b1);                                         \
+        c##r##2 = _mm512_dpbf16_ps(c##r##2, a_, b2);                                         \
+        c##r##3 = _mm512_dpbf16_ps(c##r##3, a_, b3);                                         \
+    } while (0)
+#define MM16_LOADB                                                                           \
+    const uint32_t *bp = B2 + (size_t)p * ldb2;                                              \
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp), b1 = (__m512bh)_mm512_loadu_si512(bp + 16); \
+    const __m512bh b2 = (__m512bh)_mm512_loadu_si512(bp + 32), b3 = (__m512bh)_mm512_loadu_si512(bp + 48)
+
+/* rows r .. r+5 (then r .. r+3, then one row) of C, 64 columns, from m2
+ * pairs: A2's pair (i, p) at A2[i*s2i + p*s2p], B2's 64 columns (padded) */
+BF16_FN static inline void mm16_block6(float *C, int ldc, const uint32_t *A2, int s2i, int s2p, const uint32_t *B2,
+                                       int ldb2, int m2, float alpha, int mode, const float *rs, const __mmask16 *mk) {
+    MM_ZERO(0); MM_ZERO(1); MM_ZERO(2); MM_ZERO(3); MM_ZERO(4); MM_ZERO(5);
+    for (int p = 0; p < m2; p++) {
+        MM16_LOADB;
+        MM16_FMA(0); MM16_FMA(1); MM16_FMA(2); MM16_FMA(3); MM16_FMA(4); MM16_FMA(5);
+    }
+    const __m512 al = _mm512_set1_ps(alpha);
+    MM_STORE(0); MM_STORE(1); MM_STORE(2); MM_STORE(3); MM_STORE(4); MM_STORE(5);
+}
+
+BF16_FN static inline void mm16_block4(float *C, int ldc, const uint32_t *A2, int s2i, int s2p, const uint32_t *B2,
+                                       int ldb2, int m2, float alpha, int mode, const float *rs, const __mmask16 *mk) {
+    MM_ZERO(0); MM_ZERO(1); MM_ZERO(2); MM_ZERO(3);
+    for (int p = 0; p < m2; p++) {
+        MM16_LOADB;
+        MM16_FMA(0); MM16_FMA(1); MM16_FMA(2); MM16_FMA(3);
+    }
+    const __m512 al = _mm512_set1_ps(alpha);
+    MM_STORE(0); MM_STORE(1); MM_STORE(2); MM_STORE(3);
+}
+
+BF16_FN static inline void mm16_block1(float *C, int ldc, const uint32_t *A2, int s2i, int s2p, const uint32_t *B2,
+                                       int ldb2, int m2, float alpha, int mode, const float *rs, const __mmask16 *mk) {
+    (void)ldc;
+    MM_ZERO(0);
+    for (int p = 0; p < m2; p++) {
+        MM16_LOADB;
+        MM16_FMA(0);
+    }
+    const __m512 al = _mm512_set1_ps(alpha);
+    MM_STORE(0);
+}
+
+/* mm's product with bf16 operands: C (n x k) = alpha * A B (+ mode), n <=
+ * 64, m <= 2 MAXP, B already packed by pack_b (m rows, k columns). A is
+ * packed here: rows contiguous along the reduction (saj == 1) become bf16
+ * rows, whose neighbours are already pairs; a transposed A (sai == 1) pairs
+ * its reduction rows lane by lane, as pack_b does. */
+BF16_FN static void mm16(float *C, int ldc, const float *A, int sai, int saj, const uint32_t *B2, int n, int m, int k,
+                         float alpha, int mode, const float *rs) {
+    _Alignas(64) uint32_t A2[BQ * MAXP];
+    const int m2 = (m + 1) / 2, ldb2 = (k + 63) / 64 * 64;
+    int s2i, s2p;
+    if (saj == 1) {
+        s2i = m2, s2p = 1;
+        for (int i = 0; i < n; i++) {
+            uint16_t *d = (uint16_t *)(A2 + (size_t)i * m2);
+            const float *x = A + (size_t)i * sai;
+            for (int j = 0; j < 2 * m2; j += 16) /* bf16 of x[j..], and 0 at m when m is odd */
+                _mm256_mask_storeu_epi16(d + j, lanes(2 * m2 - j),
+                                         (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(lanes(m - j), x + j)));
+        }
+    } else {
+        const int npad = (n + 15) / 16 * 16;
+        s2i = 1, s2p = npad;
+        for (int p = 0; p < m2; p++)
+            pack_pairs(A2 + (size_t)p * npad, A + (size_t)2 * p * saj,
+                       2 * p + 1 < m ? A + (size_t)(2 * p + 1) * saj : NULL, n, npad);
+    }
+    for (int c0 = 0; c0 < k; c0 += 64) {
+        const int kc = imin(64, k - c0);
+        __mmask16 mk[4];
+        for (int v = 0; v < 4; v++) mk[v] = lanes(kc - 16 * v);
+        int i = 0;
+        for (; i + 6 <= n; i += 6)
+            mm16_block6(C + (size_t)i * ldc + c0, ldc, A2 + (size_t)i * s2i, s2i, s2p, B2 + c0, ldb2, m2, alpha,
+                        mode, rs ? rs + i : NULL, mk);
+        for (; i + 4 <= n; i += 4)
+            mm16_block4(C + (size_t)i * ldc + c0, ldc, A2 + (size_t)i * s2i, s2i, s2p, B2 + c0, ldb2, m2, alpha,
+                        mode, rs ? rs + i : NULL, mk);
+        for (; i < n; i++)
+            mm16_block1(C + (size_t)i * ldc + c0, ldc, A2 + (size_t)i * s2i, s2i, s2p, B2 + c0, ldb2, m2, alpha,
+                        mode, rs ? rs + i : NULL, mk);
+    }
+}
+
+/* one tile product in the task's precision: fp32 (B as given) or bf16
+ * (B2 packed by pack_b from the same B) */
+static void tile_mm(int b16, float *C, int ldc, const float *A, int sai, int saj, const float *B, int ldb,
+                    const uint32_t *B2, int n, int m, int k, float alpha, int mode, const float *rs) {
+    if (b16) mm16(C, ldc, A, sai, saj, B2, n, m, k, alpha, mode, rs);
+    else mm(C, ldc, A, sai, saj, B, ldb, n, m, k, alpha, mode, rs);
+}
+
 /* Xt (hs x BQ) = rows i0.. of X (nq x hs, ld) transposed, zero past nq. */
 static void transpose_tile(float *Xt, const float *X, int ld, int nq, int hs) {
     for (int e = 0; e < hs; e++) {
@@ -197,8 +343,13 @@ static inline __m512i lane_index(int base) {
 
 /* ---- forward ------------------------------------------------------------- */
 
-static void fwd_task(float *out, float *lse, const float *qkv, int b, int h, int qt, int T, int NH, int NKV,
-                     int hs, int window, const int32_t *pos) {
+/* gcc 12 cannot see that transpose_tile writes the hs rows pack_b then
+ * reads (Qt, dOt); it warns, wrongly, that they may be uninitialised */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+static void fwd_task(int b16, float *out, float *lse, const float *qkv, int b, int h, int qt, int T, int NH,
+                     int NKV, int hs, int window, const int32_t *pos) {
     const int QKV = (NH + 2 * NKV) * hs, C = NH * hs, kvh = h / (NH / NKV);
     const float scale = 1.0f / sqrtf((float)hs);
     const int i0 = qt * BQ, nq = imin(BQ, T - i0);
@@ -208,8 +359,10 @@ static void fwd_task(float *out, float *lse, const float *qkv, int b, int h, int
 
     _Alignas(64) float Qt[MF_FA512_MAX_HS * BQ], O[BQ * MF_FA512_MAX_HS], St[BK * BQ];
     float m[BQ], l[BQ], a[BQ];
+    _Alignas(64) uint32_t Qt2[MAXP * BQ], V2[BK / 2 * MF_FA512_MAX_HS]; /* packed pairs */
     int lb[BQ];
     transpose_tile(Qt, base + (size_t)i0 * QKV + (size_t)h * hs, QKV, nq, hs);
+    if (b16) pack_b(Qt2, Qt, BQ, hs, BQ);
     row_bounds(lb, i0, nq, window, P);
     for (int i = 0; i < BQ; i++) {
         m[i] = -FLT_MAX; /* not -inf: exp(m - m) stays 1 for a row with nothing visible yet */
@@ -221,7 +374,7 @@ static void fwd_task(float *out, float *lse, const float *qkv, int b, int h, int
     for (int j0 = jbeg; j0 < jend; j0 += BK) {
         const int nk = imin(BK, jend - j0);
         const float *k = kbase + (size_t)j0 * QKV, *v = vbase + (size_t)j0 * QKV;
-        mm(St, BQ, k, QKV, 1, Qt, BQ, nk, hs, BQ, scale, ST, NULL);
+        tile_mm(b16, St, BQ, k, QKV, 1, Qt, BQ, Qt2, nk, hs, BQ, scale, ST, NULL);
         for (int g = 0; g < NG; g++) {
             const __m512i iv = lane_index(i0 + 16 * g), lbv = _mm512_loadu_si512(lb + 16 * g);
             const __m512 m0 = _mm512_loadu_ps(m + 16 * g);
@@ -244,7 +397,8 @@ static void fwd_task(float *out, float *lse, const float *qkv, int b, int h, int
             _mm512_storeu_ps(a + 16 * g, av);
         }
         /* O = a * O + P V, with P(i, j) = St[j][i] */
-        mm(O, hs, St, 1, BQ, v, QKV, nq, nk, hs, 1.0f, RESCALE, a);
+        if (b16) pack_b(V2, v, QKV, nk, hs);
+        tile_mm(b16, O, hs, St, 1, BQ, v, QKV, V2, nq, nk, hs, 1.0f, RESCALE, a);
     }
     float *o = out + ((size_t)b * T + i0) * C + (size_t)h * hs;
     float *L = lse + ((size_t)b * NH + h) * T + i0;
@@ -257,21 +411,31 @@ static void fwd_task(float *out, float *lse, const float *qkv, int b, int h, int
     }
 }
 
-void mf_flash_forward_avx512(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int hs,
-                             int window, const int32_t *pos) {
+static void forward(int b16, float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int hs,
+                    int window, const int32_t *pos) {
     const int nqt = (T + BQ - 1) / BQ, ntask = B * NH * nqt;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < ntask; t++) {
         const int qt = nqt - 1 - t / (B * NH), bh = t % (B * NH);
-        fwd_task(out, lse, qkv, bh / NH, bh % NH, qt, T, NH, NKV, hs, window, pos);
+        fwd_task(b16, out, lse, qkv, bh / NH, bh % NH, qt, T, NH, NKV, hs, window, pos);
     }
 }
 
+void mf_flash_forward_avx512(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int hs,
+                             int window, const int32_t *pos) {
+    forward(0, out, lse, qkv, B, T, NH, NKV, hs, window, pos);
+}
+
+void mf_flash_forward_avx512bf16(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int hs,
+                                 int window, const int32_t *pos) {
+    forward(1, out, lse, qkv, B, T, NH, NKV, hs, window, pos);
+}
+
+
 /* ---- backward ------------------------------------------------------------ */
 
-void mf_flash_backward_avx512(float *dqkv, float *scratch, const float *dout, const float *out, const float *qkv,
-                              const float *lse, int B, int T, int NH, int NKV, int hs, int window,
-                              const int32_t *pos) {
+static void backward(int b16, float *dqkv, float *scratch, const float *dout, const float *out, const float *qkv,
+                     const float *lse, int B, int T, int NH, int NKV, int hs, int window, const int32_t *pos) {
     const int QKV = (NH + 2 * NKV) * hs, C = NH * hs, G = NH / NKV;
     const float scale = 1.0f / sqrtf((float)hs);
     /* flash_attention.c's per-thread slice; D sits after its two tiles */
@@ -287,6 +451,11 @@ void mf_flash_backward_avx512(float *dqkv, float *scratch, const float *dout, co
         const int32_t *Pd = pos ? pos + (size_t)b * T : NULL;
         float *D = scratch + (size_t)omp_get_thread_num() * per + 2 * (size_t)tq * tk;
         _Alignas(64) float Qt[MF_FA512_MAX_HS * BQ], dOt[MF_FA512_MAX_HS * BQ], Pt[BK * BQ], dPt[BK * BQ];
+        /* packed pairs (bf16): Q^T and dO^T (hs rows), dO_i and Q_i (query
+         * rows), K_j (key rows) */
+        _Alignas(64) uint32_t Qt2[MAXP * BQ], dOt2[MAXP * BQ];
+        _Alignas(64) uint32_t dO2[BQ / 2 * MF_FA512_MAX_HS], Q2[BQ / 2 * MF_FA512_MAX_HS];
+        _Alignas(64) uint32_t K2[BK / 2 * MF_FA512_MAX_HS];
         int lb[BQ];
 
         for (int t = 0; t < T; t++) {
@@ -313,14 +482,20 @@ void mf_flash_backward_avx512(float *dqkv, float *scratch, const float *dout, co
                 float *dqi = dq + (size_t)i0 * QKV;
                 transpose_tile(Qt, qi, QKV, nq, hs);
                 transpose_tile(dOt, dOi, C, nq, hs);
+                if (b16) {
+                    pack_b(Qt2, Qt, BQ, hs, BQ);
+                    pack_b(dOt2, dOt, BQ, hs, BQ);
+                    pack_b(dO2, dOi, C, nq, hs);
+                    pack_b(Q2, qi, QKV, nq, hs);
+                }
                 row_bounds(lb, i0, nq, window, Pd);
                 const int jend = i0 + nq;
                 for (int j0 = lb[0] / BK * BK; j0 < jend; j0 += BK) {
                     const int nk = imin(BK, jend - j0);
                     const float *kj = k + (size_t)j0 * QKV, *vj = v + (size_t)j0 * QKV;
                     float *dkj = dk + (size_t)j0 * QKV, *dvj = dv + (size_t)j0 * QKV;
-                    mm(Pt, BQ, kj, QKV, 1, Qt, BQ, nk, hs, BQ, scale, ST, NULL);   /* S^T */
-                    mm(dPt, BQ, vj, QKV, 1, dOt, BQ, nk, hs, BQ, 1.0f, ST, NULL); /* dP^T = V dO^T */
+                    tile_mm(b16, Pt, BQ, kj, QKV, 1, Qt, BQ, Qt2, nk, hs, BQ, scale, ST, NULL);   /* S^T */
+                    tile_mm(b16, dPt, BQ, vj, QKV, 1, dOt, BQ, dOt2, nk, hs, BQ, 1.0f, ST, NULL); /* dP^T = V dO^T */
                     for (int g = 0; g < NG; g++) {
                         const __m512i iv = lane_index(i0 + 16 * g), lbv = _mm512_loadu_si512(lb + 16 * g);
                         /* lanes past nq read L/D beyond the tile: masked below, but keep the loads in bounds */
@@ -338,16 +513,29 @@ void mf_flash_backward_avx512(float *dqkv, float *scratch, const float *dout, co
                         }
                     }
                     /* dV_j += P^T dO_i: A(j, i) = Pt[j][i] */
-                    mm(dvj, QKV, Pt, BQ, 1, dOi, C, nk, nq, hs, 1.0f, ACC, NULL);
+                    tile_mm(b16, dvj, QKV, Pt, BQ, 1, dOi, C, dO2, nk, nq, hs, 1.0f, ACC, NULL);
                     /* dQ_i += scale dS K_j: A(i, j) = dSt[j][i] */
-                    mm(dqi, QKV, dPt, 1, BQ, kj, QKV, nq, nk, hs, scale, ACC, NULL);
+                    if (b16) pack_b(K2, kj, QKV, nk, hs);
+                    tile_mm(b16, dqi, QKV, dPt, 1, BQ, kj, QKV, K2, nq, nk, hs, scale, ACC, NULL);
                     /* dK_j += scale dS^T Q_i: A(j, i) = dSt[j][i] */
-                    mm(dkj, QKV, dPt, BQ, 1, qi, QKV, nk, nq, hs, scale, ACC, NULL);
+                    tile_mm(b16, dkj, QKV, dPt, BQ, 1, qi, QKV, Q2, nk, nq, hs, scale, ACC, NULL);
                 }
             }
         }
     }
 }
+void mf_flash_backward_avx512(float *dqkv, float *scratch, const float *dout, const float *out, const float *qkv,
+                              const float *lse, int B, int T, int NH, int NKV, int hs, int window,
+                              const int32_t *pos) {
+    backward(0, dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV, hs, window, pos);
+}
+
+void mf_flash_backward_avx512bf16(float *dqkv, float *scratch, const float *dout, const float *out,
+                                  const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
+                                  int window, const int32_t *pos) {
+    backward(1, dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV, hs, window, pos);
+}
+#pragma GCC diagnostic pop
 #else
 typedef int mf_fa_avx512_unused; /* ISO C: a file must declare something */
 #endif

@@ -48,6 +48,8 @@
 #include "vmath.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <omp.h>
 #include <string.h>
 
@@ -245,6 +247,46 @@ static void check_heads(const char *fn, int NH, int NKV, int hs) {
 void mf_flash_attention_gqa_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
                                     int hs, int window) {
     mf_flash_attention_doc_forward(out, lse, qkv, B, T, NH, NKV, hs, window, NULL);
+}
+
+/* MEMFIT_ATTN_BF16=0 keeps the bf16 entry points on fp32 tiles (the
+ * baseline bench/attn_bf16.sh compares against); read once */
+static int g_bf16_tiles = -1;
+static pthread_once_t g_bf16_once = PTHREAD_ONCE_INIT;
+static void pick_bf16(void) {
+    const char *e = getenv("MEMFIT_ATTN_BF16");
+    g_bf16_tiles = mf_kernels_isa_bf16dot_ok() && !(e && strcmp(e, "0") == 0);
+}
+
+int mf_flash_attention_bf16_tiles(void) {
+    pthread_once(&g_bf16_once, pick_bf16);
+    return g_bf16_tiles;
+}
+
+void mf_flash_attention_bf16_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
+                                     int hs, int window, const int32_t *pos) {
+#ifdef MF_HAVE_AVX512_TABLE
+    if (B > 0 && T > 0 && NH > 0 && hs <= MF_FA512_MAX_HS && mf_flash_attention_bf16_tiles()) {
+        check_heads("mf_flash_attention_bf16_forward", NH, NKV, hs);
+        mf_flash_forward_avx512bf16(out, lse, qkv, B, T, NH, NKV, hs, norm_window(window, T), pos);
+        return;
+    }
+#endif
+    mf_flash_attention_doc_forward(out, lse, qkv, B, T, NH, NKV, hs, window, pos);
+}
+
+void mf_flash_attention_bf16_backward(float *dqkv, float *scratch, const float *dout, const float *out,
+                                      const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
+                                      int window, const int32_t *pos) {
+#ifdef MF_HAVE_AVX512_TABLE
+    if (B > 0 && T > 0 && NH > 0 && hs <= MF_FA512_MAX_HS && mf_flash_attention_bf16_tiles()) {
+        check_heads("mf_flash_attention_bf16_backward", NH, NKV, hs);
+        mf_flash_backward_avx512bf16(dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV, hs, norm_window(window, T),
+                                     pos);
+        return;
+    }
+#endif
+    mf_flash_attention_doc_backward(dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV, hs, window, pos);
 }
 
 void mf_flash_attention_doc_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,

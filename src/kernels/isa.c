@@ -56,4 +56,12 @@ int mf_kernels_isa_init(void) {
     return mf_sgemm_init(); /* the GEMM backend's variable too */
 }
 
+int mf_kernels_isa_bf16dot_ok(void) {
+#ifdef MF_HAVE_AVX512_TABLE
+    return mf_kernels_isa_get() == &mf_kernels_avx512 && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
 const char *mf_kernels_isa_name(void) { return mf_kernels_isa_get()->name; }

@@ -109,6 +109,13 @@ void mf_flash_forward_avx512(float *out, float *lse, const float *qkv, int B, in
 void mf_flash_backward_avx512(float *dqkv, float *scratch, const float *dout, const float *out, const float *qkv,
                               const float *lse, int B, int T, int NH, int NKV, int hs, int window,
                               const int32_t *pos);
+/* the same with bf16 tile products (fa_avx512.c); only where
+ * mf_kernels_isa_bf16dot_ok() */
+void mf_flash_forward_avx512bf16(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int hs,
+                                 int window, const int32_t *pos);
+void mf_flash_backward_avx512bf16(float *dqkv, float *scratch, const float *dout, const float *out,
+                                  const float *qkv, const float *lse, int B, int T, int NH, int NKV, int hs,
+                                  int window, const int32_t *pos);
 #endif
 
 extern const mf_kernel_isa mf_kernels_portable;
@@ -122,5 +129,8 @@ extern const mf_kernel_isa mf_kernels_avx512;
 const mf_kernel_isa *mf_kernels_isa_get(void);
 /* 1 if this CPU can run the avx512 table (and the build has one). */
 int mf_kernels_isa_avx512_ok(void);
+/* 1 if the avx512 table is in use and the CPU has AVX512_BF16 (vdpbf16ps),
+ * which the bf16 FlashAttention tiles need. */
+int mf_kernels_isa_bf16dot_ok(void);
 
 #endif

@@ -364,13 +364,17 @@ static void norm_bwd(mf_model *m, mf_arena *a, int l, int ln, float *dx, const f
  * T x T scores are recomputed tile by tile in backward. Positions are
  * 0..T-1 in every sequence, or, for packed documents (the plan's data.pos
  * row), each token's place in its document: RoPE takes those positions and
- * attention stays inside each document (block-diagonal causal mask). */
+ * attention stays inside each document (block-diagonal causal mask). In
+ * bf16 precision the tile products are bf16 too (vdpbf16ps, where the CPU
+ * has it: mf_flash_attention_bf16_forward). */
 static void attn_fwd(mf_model *m, mf_arena *a, const lin_ctx *c, const mf_layer_acts *A, int B, int T) {
     const mf_dims *d = &m->d;
     float *qkv = BUF(A->qkv);
     const int32_t *pos = mf_model_doc_pos(m, a);  /* packed documents, or NULL */
     if (c->bd->rope) mf_rope_apply(qkv, BUF(m->rope), pos, B, T, d->NH, d->NKV, d->hd, 0);
-    mf_flash_attention_doc_forward(BUF(A->atty), BUF(A->lse), qkv, B, T, d->NH, d->NKV, d->hd, d->window, pos);
+    if (c->dt == MF_DTYPE_BF16)
+        mf_flash_attention_bf16_forward(BUF(A->atty), BUF(A->lse), qkv, B, T, d->NH, d->NKV, d->hd, d->window, pos);
+    else mf_flash_attention_doc_forward(BUF(A->atty), BUF(A->lse), qkv, B, T, d->NH, d->NKV, d->hd, d->window, pos);
 }
 
 /* dqkv (overwritten) from d(atty) in dout; dq and dk rotated back */
@@ -378,8 +382,11 @@ static void attn_bwd(mf_model *m, mf_arena *a, const lin_ctx *c, const mf_layer_
                      const float *dout, int B, int T) {
     const mf_dims *d = &m->d;
     const int32_t *pos = mf_model_doc_pos(m, a);
-    mf_flash_attention_doc_backward(dqkv, BUF(m->attn_scratch), dout, BUF(A->atty), BUF(A->qkv), BUF(A->lse), B, T,
-                                    d->NH, d->NKV, d->hd, d->window, pos);
+    if (c->dt == MF_DTYPE_BF16)
+        mf_flash_attention_bf16_backward(dqkv, BUF(m->attn_scratch), dout, BUF(A->atty), BUF(A->qkv), BUF(A->lse), B,
+                                         T, d->NH, d->NKV, d->hd, d->window, pos);
+    else mf_flash_attention_doc_backward(dqkv, BUF(m->attn_scratch), dout, BUF(A->atty), BUF(A->qkv), BUF(A->lse), B,
+                                         T, d->NH, d->NKV, d->hd, d->window, pos);
     if (c->bd->rope) mf_rope_apply(dqkv, BUF(m->rope), pos, B, T, d->NH, d->NKV, d->hd, 1);
 }
 
