@@ -4,6 +4,7 @@
 #include "memfit/distill.h"
 #include "quant/quant.h"
 #include "kernels/half.h"
+#include "kernels/isa.h" /* MF_FA512_MAX_HS */
 #include "memfit/monitor.h"
 
 #include <cblas.h>
@@ -112,11 +113,14 @@ void mf_report_header(FILE *f, const mf_trainer *t) {
     lora_line(f, &t->model, &t->cfg, d);
     teacher_line(f, &t->model, &t->plan);
     if (t->model.cdt != MF_DTYPE_F32)
-        fprintf(f, "precision %s: 16-bit GEMM weights and GEMM inputs, fp32 %s, %sreductions; GEMM %s%s\n",
+        fprintf(f, "precision %s: 16-bit GEMM weights and GEMM inputs, fp32 %s, %sreductions; GEMM %s%s; "
+                "attention tiles %s\n",
                 t->cfg.precision, t->model.opt.master ? "master weights, optimizer state" : "optimizer state (bf16 weights, "
                 "stochastic rounding)", t->model.opt.grad16 ? "bf16 gradients of the 16-bit weights, fp32 " : "gradients and ",
                 t->model.cdt == MF_DTYPE_BF16 ? "oneDNN " : "fp32 sgemm on widened fp16 blocks",
-                t->model.cdt == MF_DTYPE_BF16 ? mf_gemm_bf16_impl() : "");
+                t->model.cdt == MF_DTYPE_BF16 ? mf_gemm_bf16_impl() : "",
+                t->model.cdt == MF_DTYPE_BF16 && mf_flash_attention_bf16_tiles() && d->hd <= MF_FA512_MAX_HS
+                    ? "bf16 (vdpbf16ps)" : "fp32");
     if (t->world > 1)
         fprintf(f, "data parallel: %d ranks of batch %d (global batch %d), ZeRO stage %d; memory below is per rank\n",
                 t->world, t->B, t->B * t->world, t->model.opt.zero);
