@@ -62,10 +62,17 @@ typedef struct {
     double optim_tensor_us[4]; /* and microseconds per trainable tensor beyond that (its regions) */
     double disk_gbs;      /* pwrite + pread of a file, as the offload streams */
     double calib_s;       /* seconds the calibration took */
+    double busy_cores;    /* CPU other processes used meanwhile, in cores (-1: unknown) */
 } mf_rates;
 
-/* Rates from the cache file, or a fresh calibration (then cached). force:
- * calibrate even when cached. Sets *from_cache. */
+/* 1 when other processes used more of the machine during r's calibration
+ * than its threads left free (plus a quarter core): its rates are low. */
+int mf_rates_busy(const mf_rates *r);
+/* Rates from the cache file, or a fresh calibration (then cached, busy or
+ * not). force 0: any cached rates; 1: calibrate even when cached; 2:
+ * cached rates only from a calibration that was not busy (mf_rates_busy),
+ * else calibrate now (memfit plan and estimate: a busy cache is replaced
+ * at the next chance). Sets *from_cache. */
 int mf_planner_rates(mf_rates *r, int nthreads, int force, int *from_cache);
 /* 0 when the cache holds rates for nthreads (read into r), else -1. */
 int mf_planner_rates_cached(mf_rates *r, int nthreads);

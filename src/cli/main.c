@@ -244,7 +244,7 @@ static int report_dir(const char *dir) {
 static void calibrate_apart(int threads) {
     int n = threads > 0 ? threads : omp_get_num_procs();
     mf_rates r;
-    if (mf_planner_rates_cached(&r, n) == 0) return;
+    if (mf_planner_rates_cached(&r, n) == 0 && !mf_rates_busy(&r)) return; /* a busy one: measured again */
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
@@ -673,7 +673,7 @@ static int cmd_plan(int argc, char **argv) {
     int nthreads = mf_threads_setup(cfg.threads);
     mf_rates rates;
     int cached = 0;
-    if (mf_planner_rates(&rates, nthreads, recal, &cached)) return die(mf_error());
+    if (mf_planner_rates(&rates, nthreads, recal ? 1 : 2, &cached)) return die(mf_error());
     mf_dims d;
     if (mf_model_dims(&cfg, &d)) return die(mf_error());
     int T = cfg.seq ? cfg.seq : d.maxT;
@@ -694,6 +694,9 @@ static int cmd_plan(int argc, char **argv) {
                "attention %.1f GFLOP/s at its T and head size, element-wise %.1f GB/s, disk %.2f GB/s\n", cached ? "cached" : "calibrated now",
                nthreads, mf_rates_gemm(&rates, d.C, cfg.batch * T), mf_rates_attn(&rates, T, d.hd), rates.elem_gbs,
                rates.disk_gbs);
+        if (mf_rates_busy(&rates))
+            printf("note: other processes used %.2f cores while the rates were measured, so they are low and the times "
+                   "below long; the next plan or estimate measures them again\n", rates.busy_cores);
         printf("process bytes = planned arena + runtime outside it (%s measured here; train's runtime also holds its\n"
                "tokenizer and data, so train re-plans with its own); offloaded settings use %s\n",
                mf_size_format(runtime, b, sizeof b), path);

@@ -11,7 +11,9 @@
 #include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 static const int gemm_widths[MF_RATES_GEMM_SIZES] = {128, 256, 512, 768};
@@ -232,8 +234,37 @@ static double optim_rate(const char *name, double *tensor_s) {
     return rate;
 }
 
+/* CPU seconds every process has used (all cores, Linux's /proc/stat:
+ * user, nice, system, irq, softirq and steal, the last being other
+ * virtual machines on this host), or -1 where unreadable */
+static double machine_cpu_s(void) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return -1;
+    unsigned long long v[8] = {0};
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                   &v[7]);
+    fclose(f);
+    long hz = sysconf(_SC_CLK_TCK);
+    if (n != 8 || hz <= 0) return -1;
+    return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)hz;
+}
+
+/* CPU seconds this process has used, all its threads */
+static double self_cpu_s(void) {
+    struct rusage u;
+    if (getrusage(RUSAGE_SELF, &u)) return 0;
+    return (double)u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + (double)u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
+}
+
+int mf_rates_busy(const mf_rates *r) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (r->busy_cores < 0 || ncpu <= 0) return 0;
+    double spare = (double)ncpu - r->threads;
+    return r->busy_cores > (spare > 0 ? spare : 0) + 0.25;
+}
+
 int mf_planner_calibrate(mf_rates *r, int nthreads) {
-    double t0 = mf_time_now();
+    double t0 = mf_time_now(), m0 = machine_cpu_s(), s0 = self_cpu_s();
     memset(r, 0, sizeof *r);
     r->threads = nthreads;
     /* GEMM at the shape of a block's MLP (rows x C x 4C) for several widths
@@ -376,6 +407,12 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
         free(buf);
     }
     r->calib_s = mf_time_now() - t0;
+    /* what the rest of the machine used meanwhile: other processes on the
+     * cores the calibration's threads need make every rate low (and
+     * OpenMP's barriers wait for descheduled threads) */
+    double m1 = machine_cpu_s();
+    r->busy_cores = m0 < 0 || m1 < 0 || r->calib_s <= 0 ? -1
+                    : fmax(0.0, ((m1 - m0) - (self_cpu_s() - s0)) / r->calib_s);
     return 0;
 }
 
@@ -385,7 +422,7 @@ static void cache_path(char *buf, size_t n, int nthreads) {
     for (char *p = host; *p; p++) if (*p == '/') *p = '_';
     /* the format version is in the name (binaries of other versions keep
      * their own file), and the GEMM backend and kernel ISA: each has its own rates */
-    snprintf(buf, n, "%s/rates-v11-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
+    snprintf(buf, n, "%s/rates-v12-%s-%s-%s-t%d.txt", mf_cache_dir(dir, sizeof dir), host, mf_sgemm_name(),
              mf_kernels_isa_name(), nthreads);
 }
 
@@ -393,7 +430,7 @@ static int rates_load(mf_rates *r, const char *path, int nthreads) {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     memset(r, 0, sizeof *r);
-    int ok = fscanf(f, "memfit-rates 11 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
+    int ok = fscanf(f, "memfit-rates 12 threads %d\n", &r->threads) == 1 && r->threads == nthreads;
     for (int j = 0; ok && j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; ok && i < MF_RATES_GEMM_SIZES; i++)
             ok = fscanf(f, "gemm %d %d %lf %lf\n", &r->gemm_m[j], &r->gemm_c[i], &r->gemm_gflops[j][i],
@@ -402,8 +439,8 @@ static int rates_load(mf_rates *r, const char *path, int nthreads) {
         for (int h = 0; ok && h < MF_RATES_ATTN_HS; h++)
             ok = fscanf(f, "attn %d %d %lf\n", &r->attn_t[t], &r->attn_hs[h], &r->attn_gflops[t][h]) == 3 &&
                  r->attn_gflops[t][h] > 0;
-    ok = ok && fscanf(f, "elem %lf\ndisk %lf\ncalib_s %lf\n", &r->elem_gbs, &r->disk_gbs, &r->calib_s) == 3 &&
-         r->elem_gbs > 0;
+    ok = ok && fscanf(f, "elem %lf\ndisk %lf\ncalib_s %lf\nbusy_cores %lf\n", &r->elem_gbs, &r->disk_gbs, &r->calib_s,
+                      &r->busy_cores) == 4 && r->elem_gbs > 0;
     for (int k = 0; ok && k < 4; k++)
         ok = fscanf(f, "optim %lf %lf\n", &r->optim_mps[k], &r->optim_tensor_us[k]) == 2 && r->optim_mps[k] > 0 &&
              r->optim_tensor_us[k] >= 0;
@@ -416,14 +453,15 @@ static void rates_save(const mf_rates *r, const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return;  /* no cache folder: calibrate next time too */
-    fprintf(f, "memfit-rates 11 threads %d\n", r->threads);
+    fprintf(f, "memfit-rates 12 threads %d\n", r->threads);
     for (int j = 0; j < MF_RATES_GEMM_ROWS; j++)
         for (int i = 0; i < MF_RATES_GEMM_SIZES; i++)
             fprintf(f, "gemm %d %d %.6g %.6g\n", r->gemm_m[j], r->gemm_c[i], r->gemm_gflops[j][i], r->gemm16_gflops[j][i]);
     for (int t = 0; t < MF_RATES_ATTN_T; t++)
         for (int h = 0; h < MF_RATES_ATTN_HS; h++)
             fprintf(f, "attn %d %d %.6g\n", r->attn_t[t], r->attn_hs[h], r->attn_gflops[t][h]);
-    fprintf(f, "elem %.6g\ndisk %.6g\ncalib_s %.3f\n", r->elem_gbs, r->disk_gbs, r->calib_s);
+    fprintf(f, "elem %.6g\ndisk %.6g\ncalib_s %.3f\nbusy_cores %.3f\n", r->elem_gbs, r->disk_gbs, r->calib_s,
+            r->busy_cores);
     for (int k = 0; k < 4; k++) fprintf(f, "optim %.6g %.6g\n", r->optim_mps[k], r->optim_tensor_us[k]);
     if (fclose(f) == 0) rename(tmp, path);
     else unlink(tmp);
@@ -439,7 +477,7 @@ int mf_planner_rates(mf_rates *r, int nthreads, int force, int *from_cache) {
     char path[MF_PATH_MAX + 200];
     cache_path(path, sizeof path, nthreads);
     if (from_cache) *from_cache = 0;
-    if (!force && rates_load(r, path, nthreads) == 0) {
+    if (force != 1 && rates_load(r, path, nthreads) == 0 && (force != 2 || !mf_rates_busy(r))) {
         if (from_cache) *from_cache = 1;
         return 0;
     }
