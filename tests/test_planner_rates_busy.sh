@@ -4,7 +4,7 @@
 # against 191 GFLOP/s idle). memfit counts what the rest of the machine
 # used during the calibration (/proc/stat less its own CPU time), keeps the
 # figure in the rates cache (busy_cores), says so in `memfit plan`, and
-# the next plan or estimate measures the rates again instead of reusing
+# the next plan measures the rates again instead of reusing
 # them. Here: one busy loop per core beside `plan --recalibrate`; then,
 # the loops stopped, a plain `plan` must calibrate anew.
 set -u

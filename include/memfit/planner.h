@@ -71,7 +71,7 @@ int mf_rates_busy(const mf_rates *r);
 /* Rates from the cache file, or a fresh calibration (then cached, busy or
  * not). force 0: any cached rates; 1: calibrate even when cached; 2:
  * cached rates only from a calibration that was not busy (mf_rates_busy),
- * else calibrate now (memfit plan and estimate: a busy cache is replaced
+ * else calibrate now (memfit plan: a busy cache is replaced
  * at the next chance). Sets *from_cache. */
 int mf_planner_rates(mf_rates *r, int nthreads, int force, int *from_cache);
 /* 0 when the cache holds rates for nthreads (read into r), else -1. */

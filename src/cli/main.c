@@ -236,7 +236,7 @@ static int report_dir(const char *dir) {
     return mf_fail("cannot create report folder %s: %s", dir, strerror(errno));
 }
 
-/* The planner's rates when the cache has none: measured in a child
+/* The planner's rates when the cache has none (or busy ones, mf_rates_busy): measured in a child
  * process, so the calibration's buffers never count in this process's peak
  * RSS (which the budget bounds). The trainer then reads the cache; if the
  * child failed, the trainer calibrates itself. Runs before this process
@@ -696,7 +696,7 @@ static int cmd_plan(int argc, char **argv) {
                rates.disk_gbs);
         if (mf_rates_busy(&rates))
             printf("note: other processes used %.2f cores while the rates were measured, so they are low and the times "
-                   "below long; the next plan or estimate measures them again\n", rates.busy_cores);
+                   "below long; the next plan measures them again\n", rates.busy_cores);
         printf("process bytes = planned arena + runtime outside it (%s measured here; train's runtime also holds its\n"
                "tokenizer and data, so train re-plans with its own); offloaded settings use %s\n",
                mf_size_format(runtime, b, sizeof b), path);
