@@ -57,6 +57,7 @@ typedef struct {
     int attn_t[MF_RATES_ATTN_T];              /* sequence lengths T calibrated */
     int attn_hs[MF_RATES_ATTN_HS];            /* head sizes calibrated */
     double attn_gflops[MF_RATES_ATTN_T][MF_RATES_ATTN_HS]; /* causal flash attention forward+backward */
+    double attn16_ratio;  /* bf16 tiles' rate over fp32's (T 256, hs 64; 1 without AVX512_BF16) */
     double elem_gbs;      /* LayerNorm and GELU kernels, bytes read + written */
     double optim_mps[4];  /* optimizer update, million parameters/s, by mf_optim_kind */
     double optim_tensor_us[4]; /* and microseconds per trainable tensor beyond that (its regions) */

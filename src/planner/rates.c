@@ -3,6 +3,7 @@
  * work per optimizer step at those rates. */
 #include "memfit/planner.h"
 #include "kernels/half.h"
+#include "kernels/isa.h" /* the bf16 FlashAttention tiles, MF_FA512_MAX_HS */
 #include "memfit/kernels.h"
 #include "memfit/optim.h"
 #include "memfit/model.h"
@@ -155,6 +156,16 @@ static void run_attn(void *p) {
     mf_flash_attention_forward(x->out, x->lse, x->qkv, x->B, x->T, x->C, x->NH);
     mf_flash_attention_backward(x->dqkv, x->scratch, x->dout, x->out, x->qkv, x->lse, x->B, x->T, x->C, x->NH);
 }
+#ifdef MF_HAVE_AVX512_TABLE
+/* the same with bf16 tiles (what bf16 precision runs, blocks.c) */
+static void run_attn16(void *p) {
+    attn_ctx *x = p;
+    int hs = x->C / x->NH;
+    mf_flash_forward_avx512bf16(x->out, x->lse, x->qkv, x->B, x->T, x->NH, x->NH, hs, 0, NULL);
+    mf_flash_backward_avx512bf16(x->dqkv, x->scratch, x->dout, x->out, x->qkv, x->lse, x->B, x->T, x->NH, x->NH, hs, 0,
+                                 NULL);
+}
+#endif
 
 typedef struct { int N, C; float *x, *y, *w, *b, *mean, *rstd, *big, *dbig; } elem_ctx;
 static void run_elem(void *p) {
@@ -338,6 +349,16 @@ int mf_planner_calibrate(mf_rates *r, int nthreads) {
                     double fwd = 2.0 * x.B * NH * (double)x.T * x.T * attn_hss[h];
                     r->attn_gflops[t][h] = 3.5 * fwd / s / 1e9;  /* forward 1 + backward 2.5 (see attn_flops) */
                 }
+            /* bf16 tiles: their speed-up at one point (T 256, hs 64; both
+             * measured back to back), applied to the whole table */
+            r->attn16_ratio = 1;
+#ifdef MF_HAVE_AVX512_TABLE
+            if (mf_kernels_isa_bf16dot_ok()) {
+                x.T = 256, x.C = NH * 64;
+                double s32 = best_of(run_attn, &x, 0.03), s16 = best_of(run_attn16, &x, 0.03);
+                if (s16 > 0) r->attn16_ratio = s32 / s16;
+            }
+#endif
         }
         free(x.out); free(x.dout); free(x.qkv); free(x.dqkv); free(x.lse); free(x.scratch);
         if (!ok) return mf_fail("calibration: out of memory");
@@ -439,8 +460,9 @@ static int rates_load(mf_rates *r, const char *path, int nthreads) {
         for (int h = 0; ok && h < MF_RATES_ATTN_HS; h++)
             ok = fscanf(f, "attn %d %d %lf\n", &r->attn_t[t], &r->attn_hs[h], &r->attn_gflops[t][h]) == 3 &&
                  r->attn_gflops[t][h] > 0;
-    ok = ok && fscanf(f, "elem %lf\ndisk %lf\ncalib_s %lf\nbusy_cores %lf\n", &r->elem_gbs, &r->disk_gbs, &r->calib_s,
-                      &r->busy_cores) == 4 && r->elem_gbs > 0;
+    ok = ok && fscanf(f, "attn16_ratio %lf\nelem %lf\ndisk %lf\ncalib_s %lf\nbusy_cores %lf\n", &r->attn16_ratio,
+                      &r->elem_gbs, &r->disk_gbs, &r->calib_s, &r->busy_cores) == 5 && r->elem_gbs > 0 &&
+         r->attn16_ratio > 0;
     for (int k = 0; ok && k < 4; k++)
         ok = fscanf(f, "optim %lf %lf\n", &r->optim_mps[k], &r->optim_tensor_us[k]) == 2 && r->optim_mps[k] > 0 &&
              r->optim_tensor_us[k] >= 0;
@@ -460,8 +482,8 @@ static void rates_save(const mf_rates *r, const char *path) {
     for (int t = 0; t < MF_RATES_ATTN_T; t++)
         for (int h = 0; h < MF_RATES_ATTN_HS; h++)
             fprintf(f, "attn %d %d %.6g\n", r->attn_t[t], r->attn_hs[h], r->attn_gflops[t][h]);
-    fprintf(f, "elem %.6g\ndisk %.6g\ncalib_s %.3f\nbusy_cores %.3f\n", r->elem_gbs, r->disk_gbs, r->calib_s,
-            r->busy_cores);
+    fprintf(f, "attn16_ratio %.6g\nelem %.6g\ndisk %.6g\ncalib_s %.3f\nbusy_cores %.3f\n", r->attn16_ratio, r->elem_gbs,
+            r->disk_gbs, r->calib_s, r->busy_cores);
     for (int k = 0; k < 4; k++) fprintf(f, "optim %.6g %.6g\n", r->optim_mps[k], r->optim_tensor_us[k]);
     if (fclose(f) == 0) rename(tmp, path);
     else unlink(tmp);
@@ -590,7 +612,10 @@ double mf_planner_predict(const mf_rates *r, mf_planner_choice *c, const mf_mode
     double disk = r->disk_gbs > 0 ? r->disk_gbs : r->elem_gbs;
     /* bf16 GEMMs at their own calibrated rate; fp16 widens to fp32 sgemm */
     double grate = m->cdt == MF_DTYPE_BF16 ? mf_rates_gemm16(r, d->C, m->B * m->T) : mf_rates_gemm(r, d->C, m->B * m->T);
-    c->pred_s = c->gemm_flops / (grate * 1e9) + c->attn_flops / (mf_rates_attn(r, m->T, d->hd) * 1e9) +
+    /* bf16 precision: FlashAttention's tiles in bf16 where the CPU has them */
+    double arate = mf_rates_attn(r, m->T, d->hd);
+    if (m->cdt == MF_DTYPE_BF16 && d->hd <= MF_FA512_MAX_HS && mf_flash_attention_bf16_tiles()) arate *= r->attn16_ratio;
+    c->pred_s = c->gemm_flops / (grate * 1e9) + c->attn_flops / (arate * 1e9) +
                 c->elem_bytes / (r->elem_gbs * 1e9) + c->io_bytes / (disk * 1e9) +
                 nparams / (r->optim_mps[m->opt.kind] * 1e6) + ntrain * r->optim_tensor_us[m->opt.kind] * 1e-6;
     return c->pred_s;
