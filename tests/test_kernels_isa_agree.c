@@ -367,6 +367,24 @@ static double normerr(const float *a, const float *b, size_t n) {
     return m > 0 ? d / m : d;
 }
 
+/* The last query row of batch 0, head 0 sees keys in [lo, T-1]: every key
+ * before lo is poisoned with a huge value (qkv modified) and fwd's output
+ * row there must still equal ref's, bit for bit. */
+typedef void (*fa_forward)(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int hs,
+                           int window, const int32_t *pos);
+static void masked_keys_inert(fa_forward fwd, const char *what, float *qkv, float *o, float *l, const float *ref,
+                              int B, int T, int NH, int NKV, int hs, int win, const int32_t *pos) {
+    const int QKV = (NH + 2 * NKV) * hs, C = NH * hs, last = T - 1;
+    int lo = win ? last - win + 1 : 0;
+    if (pos) lo = lo > last - pos[last] ? lo : last - pos[last];
+    if (lo <= 0) return;
+    for (int j = 0; j < lo; j++)
+        for (int kv = 0; kv < NKV; kv++) qkv[(size_t)j * QKV + (size_t)(NH + kv) * hs] = 1e4f;
+    fwd(o, l, qkv, B, T, NH, NKV, hs, win, pos);
+    CHECK(memcmp(o + (size_t)last * C, ref + (size_t)last * C, (size_t)hs * sizeof(float)) == 0,
+          "%s B%d T%d window %d docs %d: a masked key changed row %d", what, B, T, win, pos != NULL, last);
+}
+
 #ifdef MF_HAVE_AVX512_TABLE
 /* The bf16 tiles (mf_flash_*_avx512bf16) against the fp32 AVX-512 kernel.
  * Given Q, K, V and dO already rounded to bf16, the score products are
@@ -408,16 +426,7 @@ static void flash_bf16(int B, int T, int NH, int NKV, int hs, int win, const int
     CHECK(el <= 2e-6 && eo <= 4e-3 && eg <= 5e-3,
           "flash bf16 vs fp32 on bf16 inputs B%d T%d NH%d NKV%d hs%d window %d docs %d: lse %.3g out %.3g dqkv %.3g",
           B, T, NH, NKV, hs, win, pos != NULL, el, eo, eg);
-    const int last = T - 1;
-    int lo = win ? last - win + 1 : 0;
-    if (pos) lo = lo > last - pos[last] ? lo : last - pos[last];
-    if (lo > 0) {
-        for (int j = 0; j < lo; j++)
-            for (int kv = 0; kv < NKV; kv++) qkv[(size_t)j * QKV + (size_t)(NH + kv) * hs] = 1e4f;
-        mf_flash_forward_avx512bf16(o0, l0, qkv, B, T, NH, NKV, hs, win, pos);
-        CHECK(memcmp(o0 + (size_t)last * C, o1 + (size_t)last * C, (size_t)hs * sizeof(float)) == 0,
-              "flash bf16 B%d T%d window %d docs %d: a masked key changed row %d", B, T, win, pos != NULL, last);
-    }
+    masked_keys_inert(mf_flash_forward_avx512bf16, "flash bf16", qkv, o0, l0, o1, B, T, NH, NKV, hs, win, pos);
     free(o0); free(o1); free(l0); free(l1); free(g0); free(g1); free(sc); free(qkv); free(dout);
 }
 #endif
@@ -453,18 +462,7 @@ static void flash_one(int B, int T, int NH, int NKV, int hs, int window, int doc
 #ifdef MF_HAVE_AVX512_TABLE
     if (mf_kernels_isa_bf16dot_ok()) flash_bf16(B, T, NH, NKV, hs, win, pos, qkv, dout);
 #endif
-    /* the last query row of batch 0, head 0 sees keys in [lo, T-1]: poison
-     * every key before lo and the forward's output there must not move */
-    const int last = T - 1;
-    int lo = win ? last - win + 1 : 0;
-    if (pos) lo = lo > last - pos[last] ? lo : last - pos[last];
-    if (lo > 0) {
-        for (int j = 0; j < lo; j++)
-            for (int kv = 0; kv < NKV; kv++) qkv[(size_t)j * QKV + (size_t)(NH + kv) * hs] = 1e4f;
-        mf_flash_forward_avx512(o0, l0, qkv, B, T, NH, NKV, hs, win, pos);
-        CHECK(memcmp(o0 + (size_t)last * C, o1 + (size_t)last * C, (size_t)hs * sizeof(float)) == 0,
-              "flash avx512 B%d T%d window %d docs %d: a masked key changed row %d", B, T, win, docs, last);
-    }
+    masked_keys_inert(mf_flash_forward_avx512, "flash avx512", qkv, o0, l0, o1, B, T, NH, NKV, hs, win, pos);
     free(qkv); free(dout); free(o0); free(o1); free(l0); free(l1); free(g0); free(g1); free(s0); free(s1);
     free(pos);
 }
