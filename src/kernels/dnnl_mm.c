@@ -183,13 +183,7 @@ static mf_mm tile_of(const mf_mm *s, int nb, int kb, int k) {
  * at run time (dlsym), not linked: a libdnnl without it, one where the
  * first call fails, or MEMFIT_GEMM16=matmul keeps the matmul for all. A
  * bias (the fused add) or a bf16 result (grad_dtype bf16: the sum post-op
- * rounds once) stays on the matmul.
- * A bias with an fp32 result goes the same way: the bias is written into
- * C's rows first (added, when the product accumulates), then the gemm
- * accumulates onto it (beta 1). The matmul's fused bias was 2-16% slower
- * on the forward shapes of gpt2-124m B4 T256 on a Zen 4 (qkv 11.3 against
- * 9.7-9.9 ms; docs/performance.md): the pass over C costs less than the
- * matmul's slower kernel. */
+ * rounds once) stays on the matmul. */
 typedef dnnl_status_t (*gemm16_fn)(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N, dnnl_dim_t K, float alpha,
                                    const uint16_t *A, dnnl_dim_t lda, const uint16_t *B, dnnl_dim_t ldb, float beta,
                                    float *C, dnnl_dim_t ldc);
@@ -208,20 +202,7 @@ static void direct_init(void) {
 }
 static int direct(const mf_mm *s) {
     pthread_once(&g_direct_once, direct_init);
-    return g_gemm16 && s->ab == dnnl_bf16 && s->c == dnnl_f32 && s->M > 0 && s->N > 0 && s->K > 0 &&
-           (!s->bias || (s->alpha == 1.0f && (s->beta == 0.0f || s->beta == 1.0f)));
-}
-
-/* C's M rows (stride ldc) = bias, or += bias when accumulating */
-static void bias_rows(float *C, const float *bias, int M, int N, int ldc, int accumulate) {
-#pragma omp parallel for schedule(static) if ((size_t)M * N >= 4096)
-    for (int i = 0; i < M; i++) {
-        float *c = C + (size_t)i * ldc;
-        if (accumulate)
-            for (int j = 0; j < N; j++) c[j] += bias[j];
-        else
-            memcpy(c, bias, (size_t)N * sizeof *c);
-    }
+    return g_gemm16 && s->ab == dnnl_bf16 && s->c == dnnl_f32 && !s->bias && s->M > 0 && s->N > 0 && s->K > 0;
 }
 
 size_t mf_mm_scratch(const mf_mm *s) {
@@ -247,10 +228,8 @@ int mf_mm_run(const mf_mm *s, const void *A, const void *B, const float *bias, v
               size_t scratch_bytes) {
     pthread_once(&g_tiles, tiles_init);
     if (direct(s)) {
-        float beta = s->beta;
-        if (s->bias) bias_rows(C, bias, s->M, s->N, s->ldc, beta != 0.0f), beta = 1.0f;
         if (g_gemm16(s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->M, s->N, s->K, s->alpha, A, s->lda, B, s->ldb,
-                                  beta, C, s->ldc) != dnnl_success)
+                                  s->beta, C, s->ldc) != dnnl_success)
             return mf_fail("oneDNN: the %dx%dx%d bf16 gemm failed", s->M, s->N, s->K);
         return 0;
     }
@@ -311,10 +290,10 @@ int mf_gemm_bf16_ldc(float *C, int ldc, const mf_bf16 *A, const mf_bf16 *B, cons
 
 const char *mf_gemm_bf16_impl(void) {
     static char name[96];
-    mf_mm s = bf16_call(256, 768, 768, 0, 0, 0, 1, 0);  /* a bf16 result: the matmul */
+    mf_mm s = bf16_call(256, 768, 768, 0, 0, 0, 0, 1);  /* with a bias: the matmul */
     char m[64];
     mf_mm_impl(&s, m, sizeof m);
-    s.c = dnnl_f32;
-    snprintf(name, sizeof name, direct(&s) ? "gemm_bf16bf16f32, %s for bf16 results" : "%s", m);
+    s.bias = 0;
+    snprintf(name, sizeof name, direct(&s) ? "gemm_bf16bf16f32, %s with a bias" : "%s", m);
     return name;
 }

@@ -80,9 +80,8 @@ int mf_gemm_bf16_sized(void *C, const mf_bf16 *A, const mf_bf16 *B, const float 
                        int tA, int tB, int accumulate, int c_bf16, void *scratch, size_t scratch_bytes);
 /* Scratch bytes the call above needs (0 or more), or SIZE_MAX on error. */
 size_t mf_gemm_bf16_scratch_bytes(int M, int N, int K, int tA, int tB, int accumulate, int c_bf16, int bias);
-/* The oneDNN implementations chosen for a typical shape, e.g.
- * "gemm_bf16bf16f32, brg:avx512_core_bf16 for bf16 results"; "" if oneDNN
- * cannot run. */
+/* The oneDNN implementation chosen for a typical shape, e.g.
+ * "brg:avx512_core_bf16"; "" if oneDNN cannot run. */
 /* mf_gemm_bf16_sized with an fp32 C of leading dimension ldc. */
 int mf_gemm_bf16_ldc(float *C, int ldc, const mf_bf16 *A, const mf_bf16 *B, const float *bias, int M, int N, int K,
                      int tA, int tB, int accumulate, void *scratch, size_t scratch_bytes);
